@@ -1,0 +1,98 @@
+"""Budget allotment (DESIGN §3): pure decisions, no clocks, no I/O.
+
+When step ``k`` starts with ``R`` ms left, it is allotted ``R * w_k / sum(w_j)`` over the steps
+still to run, bounded by its ``min``/``max``. Whatever a step leaves unused is still part of ``R``
+when the next step asks, so it rolls forward in proportion to the remaining weights by
+construction. The runner feeds in the time left and gets back one of three decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_MIN_STEP_MS",
+    "Allot",
+    "Decision",
+    "Skip",
+    "StepBudget",
+    "Stop",
+    "decide",
+]
+
+DEFAULT_MIN_STEP_MS = 5.0
+"""A step with no ``min`` is not started with less than this many ms left."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepBudget:
+    """What the budget needs to know about a step."""
+
+    weight: float
+    min_ms: float | None = None
+    max_ms: float | None = None
+    optional: bool = False
+
+    @property
+    def need_ms(self) -> float:
+        """The least time worth starting this step with."""
+        return self.min_ms if self.min_ms is not None else DEFAULT_MIN_STEP_MS
+
+
+@dataclass(frozen=True, slots=True)
+class Allot:
+    """Run the step with ``ms`` milliseconds (covers key waits, retries and fallbacks)."""
+
+    ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Skip this optional step; ``reason`` says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the run here with status ``partial``; ``reason`` says why."""
+
+    reason: str
+
+
+Decision = Allot | Skip | Stop
+
+
+def decide(remaining_ms: float, steps_left: Sequence[StepBudget]) -> Decision:
+    """Decide for ``steps_left[0]`` given ``remaining_ms`` of the run's budget.
+
+    ``steps_left`` is the step about to start followed by every step after it that may still run.
+    Optional steps give way: one is skipped when running it would leave the required steps after
+    it less than their ``min``.
+    """
+    if not steps_left:
+        raise ValueError("decide() needs at least the step about to start")
+    step = steps_left[0]
+    remaining = max(remaining_ms, 0.0)
+    if remaining < step.need_ms:
+        why = f"{remaining:.0f}ms left, step needs {step.need_ms:.0f}ms"
+        return Skip(why) if step.optional else Stop(why)
+
+    total_weight = sum(s.weight for s in steps_left)
+    share = remaining * step.weight / total_weight
+    if step.min_ms is not None:
+        share = max(share, step.min_ms)
+    if step.max_ms is not None:
+        share = min(share, step.max_ms)
+    allot = min(share, remaining)
+
+    if step.optional:
+        reserve = sum(s.need_ms for s in steps_left[1:] if not s.optional)
+        if remaining - allot < reserve:
+            allot = remaining - reserve
+            if allot < step.need_ms:
+                return Skip(
+                    f"{remaining:.0f}ms left, {reserve:.0f}ms reserved for the required steps after"
+                )
+    return Allot(allot)

@@ -1,0 +1,94 @@
+"""The Python API (DESIGN §11): ``load`` a chain, ``run``/``arun`` it, ``resume``/``aresume`` a run."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._durations import parse_duration_ms
+from ._result import RunResult
+from ._runtime import PoolLike, StoreLike, open_runtime
+from .spec import ChainSpec, load_spec
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import Runnable
+
+__all__ = ["Chain", "aresume", "load", "resume"]
+
+Duration = str | float | int | None
+
+
+def _budget_ms(budget: Duration) -> float | None:
+    return None if budget is None else parse_duration_ms(budget, what="budget")
+
+
+class Chain:
+    """A validated chain, ready to run. Build it with :func:`load` (or from a spec)."""
+
+    def __init__(self, spec: ChainSpec, *, source_dir: Path | None = None, path: Path | None = None) -> None:
+        self.spec = spec
+        self.source_dir = source_dir
+        self.path = path
+
+    @property
+    def name(self) -> str:
+        """The chain's name."""
+        return self.spec.name
+
+    async def arun(
+        self,
+        inputs: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        budget: Duration = None,
+        store: StoreLike = None,
+        pool: PoolLike = None,
+    ) -> RunResult:
+        """Run the chain once (async). ``budget`` overrides the chain's: ``"8s"`` or seconds."""
+        async with open_runtime(store=store, pool=pool) as runtime:
+            return await runtime.runner.run(
+                self.spec, inputs, source_dir=self.source_dir, run_id=run_id, budget_ms=_budget_ms(budget)
+            )
+
+    def run(
+        self,
+        inputs: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        budget: Duration = None,
+        store: StoreLike = None,
+        pool: PoolLike = None,
+    ) -> RunResult:
+        """Run the chain once (blocking; do not call from a running event loop)."""
+        return asyncio.run(self.arun(inputs, run_id=run_id, budget=budget, store=store, pool=pool))
+
+    def as_runnable(self, *, store: StoreLike = None, pool: PoolLike = None) -> Runnable[dict[str, Any], Any]:
+        """This chain as a LangChain ``Runnable[dict, Any]`` (needs ``chainrt[langchain]``)."""
+        from .langchain import ChainRunnable
+
+        return ChainRunnable(chain=self, store=store, pool=pool)
+
+    def __repr__(self) -> str:
+        return f"Chain(name={self.spec.name!r}, steps={[s.id for s in self.spec.steps]})"
+
+
+def load(path: str | Path) -> Chain:
+    """Load and validate a chain YAML file; :class:`SpecError` names file, line and field."""
+    loaded = load_spec(path)
+    return Chain(loaded.spec, source_dir=loaded.source_dir, path=loaded.path)
+
+
+async def aresume(
+    run_id: str, *, store: StoreLike = None, pool: PoolLike = None, budget: Duration = None, wait: bool = True
+) -> RunResult:
+    """Resume a run from its last checkpoint (async); recorded steps are not run again."""
+    async with open_runtime(store=store, pool=pool) as runtime:
+        return await runtime.runner.resume(run_id, budget_ms=_budget_ms(budget), wait=wait)
+
+
+def resume(
+    run_id: str, *, store: StoreLike = None, pool: PoolLike = None, budget: Duration = None, wait: bool = True
+) -> RunResult:
+    """Resume a run from its last checkpoint (blocking)."""
+    return asyncio.run(aresume(run_id, store=store, pool=pool, budget=budget, wait=wait))

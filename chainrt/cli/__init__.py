@@ -1,0 +1,237 @@
+"""The ``chainrt`` command line (DESIGN §9).
+
+Errors are one line on stderr and a non-zero exit, never a traceback. Exit codes: 0 completed or
+partial; 1 failed or rejected; 2 bad usage, bad input or an invalid chain; 3 store or runtime
+error; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._durations import parse_duration_ms
+from .._errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
+from .._result import RunResult
+from .._runtime import open_runtime
+from ..spec import chain_json_schema, load_spec, validate_paths
+from ._printer import LivePrinter, print_inspect, print_result, print_runs
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, no usage dump
+        raise _UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="chainrt", description="Run agent chains inside their latency budget.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a chain")
+    run.add_argument("chain", help="chain YAML file")
+    run.add_argument("--input", required=True, help="input as JSON, or @file.json")
+    run.add_argument("--run-id", help="use this run id (default: a new uuid)")
+    run.add_argument("--budget", help="override the chain's budget, e.g. 8s")
+    _common(run)
+
+    resume = sub.add_parser("resume", help="resume a run from its last checkpoint")
+    resume.add_argument("run_id")
+    resume.add_argument("--budget", help="give the run this much more time (default: what it had left)")
+    resume.add_argument("--no-wait", action="store_true", help="refuse instead of waiting for a live owner's lease")
+    _common(resume)
+
+    runs = sub.add_parser("runs", help="list runs")
+    runs.add_argument("--status", choices=["running", "completed", "partial", "rejected", "failed"])
+    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)")
+    runs.add_argument("--json", action="store_true")
+
+    inspect = sub.add_parser("inspect", help="show one run, its steps and attempts")
+    inspect.add_argument("run_id")
+    inspect.add_argument("--store")
+    inspect.add_argument("--json", action="store_true")
+
+    validate = sub.add_parser("validate", help="validate chain files (or every chain in a directory)")
+    validate.add_argument("paths", nargs="+")
+
+    sub.add_parser("schema", help="print the JSON Schema of the chain format")
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)")
+    parser.add_argument("--pool", help="worker pool YAML (default: CHAINRT_POOL)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--trace", action="store_true", help="send OpenTelemetry traces (OTLP)")
+
+
+def _read_input(raw: str) -> Any:
+    if raw.startswith("@"):
+        path = Path(raw[1:])
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read input file {path}: {exc}") from None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InputError(f"--input is not valid JSON: {exc}") from None
+
+
+def _budget(raw: str | None) -> float | None:
+    return None if raw is None else parse_duration_ms(raw, what="--budget")
+
+
+def _emit(result: RunResult, as_json: bool) -> int:
+    if as_json:
+        payload = result.model_dump(mode="json", exclude={"chain", "stopped_at", "error"})
+        payload["chain"] = result.chain
+        payload["stopped_at"] = result.stopped_at
+        payload["error"] = result.error
+        print(json.dumps(payload, ensure_ascii=False))
+    else:
+        print_result(result, sys.stdout)
+    if not result.ok:
+        print(f"chainrt: run {result.run_id} {result.status}: {result.error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return EXIT_OK
+
+
+async def _run(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.chain)
+    inputs = _read_input(args.input)
+    progress = LivePrinter() if not args.json else LivePrinter(out=_Null())
+    async with open_runtime(store=args.store, pool=args.pool, progress=progress, trace=args.trace) as runtime:
+        result = await runtime.runner.run(
+            loaded.spec, inputs, source_dir=loaded.source_dir, run_id=args.run_id, budget_ms=_budget(args.budget)
+        )
+    return _emit(result, args.json)
+
+
+async def _resume(args: argparse.Namespace) -> int:
+    progress = LivePrinter() if not args.json else LivePrinter(out=_Null())
+    async with open_runtime(store=args.store, pool=args.pool, progress=progress, trace=args.trace) as runtime:
+        result = await runtime.runner.resume(args.run_id, budget_ms=_budget(args.budget), wait=not args.no_wait)
+    return _emit(result, args.json)
+
+
+async def _runs(args: argparse.Namespace) -> int:
+    from ..store import open_store
+
+    store = open_store(args.store or _settings_store())
+    try:
+        runs = await store.list_runs(status=args.status, limit=max(1, args.limit))
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps([_run_summary(r) for r in runs]))
+    else:
+        print_runs(runs, sys.stdout)
+    return EXIT_OK
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    from .._settings import get_settings
+    from ..store import open_store
+
+    settings = get_settings()
+    store = open_store(args.store or settings.store)
+    try:
+        run = await store.get_run(args.run_id)
+        steps = await store.get_steps(args.run_id)
+    finally:
+        await store.close()
+    trace_id = run.trace.get("trace_id")
+    trace_url = f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}" if isinstance(trace_id, str) else None
+    if args.json:
+        payload = RunResult.from_records(run, steps).model_dump(mode="json")
+        payload["trace_url"] = trace_url
+        payload["waits_ms"] = run.waits_ms
+        payload["records"] = {k: v.model_dump(mode="json", by_alias=True) for k, v in steps.items()}
+        print(json.dumps(payload, ensure_ascii=False))
+    else:
+        print_inspect(run, steps, trace_url, sys.stdout)
+    return EXIT_OK
+
+
+def _run_summary(run: Any) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "chain": run.chain,
+        "status": run.status,
+        "budget": {"total_ms": run.budget_total_ms, "used_ms": run.budget_used_ms},
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+    }
+
+
+def _settings_store() -> str:
+    from .._settings import get_settings
+
+    return get_settings().store
+
+
+def _validate(args: argparse.Namespace) -> int:
+    errors = validate_paths([Path(p) for p in args.paths])
+    for error in errors:
+        print(str(error), file=sys.stderr)
+    if errors:
+        return EXIT_USAGE
+    print(f"ok: {', '.join(args.paths)}")
+    return EXIT_OK
+
+
+class _Null:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``chainrt`` console script; returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "schema":
+            print(json.dumps(chain_json_schema(), indent=2))
+            return EXIT_OK
+        if args.command == "validate":
+            return _validate(args)
+        handler = {"run": _run, "resume": _resume, "runs": _runs, "inspect": _inspect}[args.command]
+        code: int = asyncio.run(handler(args))
+        return code
+    except _UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except (SpecError, InputError, BudgetError, TemplateError) as exc:
+        print(f"chainrt: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ChainRTError as exc:
+        print(f"chainrt: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        print("chainrt: interrupted; resume the run with `chainrt resume RUN_ID`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SystemExit as exc:  # --help and --version
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    except Exception as exc:  # last line of defence: one line, never a traceback
+        print(f"chainrt: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

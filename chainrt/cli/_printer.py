@@ -1,0 +1,119 @@
+"""What a person sees: live per-step progress and readable summaries."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from .._durations import format_ms
+from .._progress import Progress
+from .._result import RunResult
+from ..spec import StepSpec
+from ..store._records import RunRecord, StepRecord
+
+__all__ = ["LivePrinter", "print_inspect", "print_result", "print_runs"]
+
+_MARK = {"completed": "ok", "skipped": "--", "partial": "~~", "failed": "!!", "timed_out": "!!", "rejected": "!!"}
+
+
+class LivePrinter(Progress):
+    """Prints each step as it starts and ends (to stderr, so stdout stays the result)."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stderr
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def run_started(self, record: RunRecord, *, resumed: bool) -> None:
+        verb = "resuming" if resumed else "running"
+        left = record.budget_total_ms - record.budget_used_ms
+        self._say(f"{verb} {record.chain}  run {record.run_id}  budget {format_ms(left)} left of {format_ms(record.budget_total_ms)}")
+
+    def step_started(self, step: StepSpec, allotted_ms: float, model: str | None) -> None:
+        what = f"llm {model}" if model else step.kind
+        self._say(f"  > {step.id:<16} {what:<18} allotted {format_ms(allotted_ms)}")
+
+    def step_finished(self, record: StepRecord) -> None:
+        via = f"  via {record.fallback} (fallback)" if record.fallback else (f"  via {record.model}" if record.model else "")
+        why = f"  - {record.error}" if record.error and record.status != "completed" else ""
+        self._say(
+            f"  {_MARK.get(record.status, '??')} {record.step_id:<16} {record.status:<10} "
+            f"{format_ms(record.elapsed_ms)} of {format_ms(record.allotted_ms)}{via}{why}"
+        )
+
+    def run_finished(self, result: RunResult) -> None:
+        return None
+
+
+def _short(value: Any, width: int = 400) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def print_result(result: RunResult, out: TextIO) -> None:
+    """The summary after ``run``/``resume``."""
+    used, total = result.budget.used_ms, result.budget.total_ms
+    print(f"{result.status.upper()}  {result.chain}  run {result.run_id}  used {format_ms(used)} of {format_ms(total)}", file=out)
+    if result.stopped_at:
+        print(f"stopped at step {result.stopped_at}: {result.error}", file=out)
+    elif result.error:
+        print(f"error: {result.error}", file=out)
+    print(f"output: {_short(result.output)}", file=out)
+    if result.status not in ("completed", "running"):
+        print(f"resume with: chainrt resume {result.run_id} --budget 8s", file=out)
+
+
+def print_runs(runs: list[RunRecord], out: TextIO) -> None:
+    """The table of ``chainrt runs``."""
+    if not runs:
+        print("no runs", file=out)
+        return
+    print(f"{'RUN ID':<34} {'CHAIN':<18} {'STATUS':<10} {'USED':>9} {'BUDGET':>9}", file=out)
+    for run in runs:
+        print(
+            f"{run.run_id:<34} {run.chain:<18} {run.status:<10} {format_ms(run.budget_used_ms):>9} {format_ms(run.budget_total_ms):>9}",
+            file=out,
+        )
+
+
+def print_inspect(run: RunRecord, steps: dict[str, StepRecord], trace_url: str | None, out: TextIO) -> None:
+    """The detail view of ``chainrt inspect``."""
+    print(f"run      {run.run_id}", file=out)
+    print(f"chain    {run.chain}  ({run.source or 'no source dir'})", file=out)
+    print(f"status   {run.status}" + (f"  stopped at {run.stopped_at}" if run.stopped_at else ""), file=out)
+    print(f"budget   {format_ms(run.budget_used_ms)} used of {format_ms(run.budget_total_ms)}", file=out)
+    if run.owner:
+        print(f"owner    {run.owner.host}:{run.owner.pid} (token {run.owner.token})", file=out)
+    if run.error:
+        print(f"error    {run.error}", file=out)
+    for key, ms in run.waits_ms.items():
+        print(f"waited   {format_ms(ms)} for key {key}", file=out)
+    print(f"input    {_short(run.input)}", file=out)
+    print(f"output   {_short(run.output)}", file=out)
+    if trace_url:
+        print(f"trace    {trace_url}", file=out)
+    print("steps:", file=out)
+    for spec_step in run.spec.get("steps", []):
+        step_id = spec_step.get("id") if isinstance(spec_step, dict) else None
+        rec = steps.get(step_id) if isinstance(step_id, str) else None
+        if rec is None:
+            print(f"  .. {step_id:<16} not run", file=out)
+            continue
+        model = f"  model {rec.model}" if rec.model else ""
+        fallback = f"  fallback {rec.fallback}" if rec.fallback else ""
+        print(
+            f"  {_MARK.get(rec.status, '??')} {rec.step_id:<16} {rec.status:<10} {format_ms(rec.elapsed_ms)} of "
+            f"{format_ms(rec.allotted_ms)}  attempts {rec.attempts}{model}{fallback}",
+            file=out,
+        )
+        for key, ms in rec.waits_ms.items():
+            print(f"       waited {format_ms(ms)} for key {key}", file=out)
+        for attempt in rec.attempt_log:
+            where = attempt.endpoint or attempt.model or "-"
+            detail = f" - {attempt.detail}" if attempt.detail else ""
+            print(f"       #{attempt.attempt} {where} {attempt.status} {format_ms(attempt.elapsed_ms)}{detail}", file=out)
+        if rec.error:
+            print(f"       error: {rec.error}", file=out)
+        print(f"       output: {_short(rec.output, 200)}", file=out)

@@ -1,0 +1,99 @@
+"""Model backends: where one model's requests go (in-process engine, or a pool of HTTP workers)."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from .._errors import DispatchError
+from ._types import LlmCall
+
+__all__ = ["BackendAnswer", "BackendError", "LocalBackend", "ModelBackend"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendAnswer:
+    """Text from one backend attempt."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    endpoint: str | None = None
+
+
+class BackendError(DispatchError):
+    """One attempt failed. ``retry_after_s`` is the server's hint; ``error_class`` groups causes."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_class: str,
+        retryable: bool = True,
+        retry_after_s: float | None = None,
+        endpoint: str | None = None,
+        advice_max_tokens: int | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.error_class = error_class
+        self.retry_after_s = retry_after_s
+        self.endpoint = endpoint
+        self.advice_max_tokens = advice_max_tokens
+
+
+class ModelBackend(abc.ABC):
+    """Serves one model name."""
+
+    @abc.abstractmethod
+    def available(self) -> bool:
+        """False when the model has no usable endpoint right now (skip it at once)."""
+
+    @abc.abstractmethod
+    async def complete(
+        self, call: LlmCall, model: str, max_tokens: int, deadline: float
+    ) -> BackendAnswer:
+        """One attempt, stopping at ``deadline`` (unix seconds). BackendError on failure."""
+
+    async def close(self) -> None:
+        """Release connections."""
+        return None
+
+
+class LocalBackend(ModelBackend):
+    """The in-process small model (SmolLM2 on llama.cpp), loaded lazily on first use."""
+
+    def available(self) -> bool:
+        return True
+
+    async def complete(
+        self, call: LlmCall, model: str, max_tokens: int, deadline: float
+    ) -> BackendAnswer:
+        from chainrt._errors import WorkerError
+        from workers.engines import get_local_engine
+        from workers.engines._base import ChatMessage, GenerationRequest
+
+        request = GenerationRequest(
+            messages=[ChatMessage(role, content) for role, content in call.messages],
+            max_tokens=max_tokens,
+            temperature=call.temperature,
+            stop=call.stop,
+            json_output=call.json_output,
+            deadline=deadline,
+            request_id=f"{call.run_id}:{call.step_id}",
+        )
+        try:
+            engine = get_local_engine()
+            await engine.start()
+            result = await engine.generate(request)
+        except WorkerError as exc:
+            raise BackendError(
+                f"local model failed: {exc.message}", error_class="engine", retryable=exc.retryable
+            ) from exc
+        return BackendAnswer(
+            text=result.text,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            endpoint="in-process",
+        )

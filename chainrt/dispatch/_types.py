@@ -1,0 +1,58 @@
+"""What the runner hands to dispatch for one LLM step, and what it gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..store._records import AttemptRecord
+
+__all__ = ["LlmAnswer", "LlmCall", "Priority"]
+
+Priority = Literal["critical", "high", "normal", "low"]
+
+
+@dataclass(slots=True)
+class LlmCall:
+    """One LLM step, rendered: the models to try in order and the request itself."""
+
+    model: str
+    messages: list[tuple[str, str]]
+    """(role, content) pairs, already rendered."""
+    max_tokens: int = 256
+    temperature: float = 0.0
+    json_output: bool = False
+    stop: list[str] | None = None
+    fallbacks: list[str] = field(default_factory=list)
+    static_answer: str | None = None
+    attempts: int = 1
+    """Tries per model (first included); retries happen only while they fit the deadline."""
+    backoff_ms: float = 100.0
+    max_backoff_ms: float = 5000.0
+    attempt_timeout_ms: float | None = None
+    keep_partial: bool = False
+    """on_timeout: partial — return the text generated so far when the deadline hits."""
+    shrink_on_memory_pressure: bool = False
+    priority: Priority = "normal"
+    run_id: str = ""
+    step_id: str = ""
+    traceparent: str | None = None
+
+
+@dataclass(slots=True)
+class LlmAnswer:
+    """The answer, who gave it, and every attempt made on the way."""
+
+    text: str
+    model: str
+    """The model that answered (``static`` for the static answer)."""
+    endpoint: str | None
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """True when the deadline cut the generation short."""
+        return self.finish_reason == "deadline"

@@ -1,0 +1,286 @@
+"""The chain format (DESIGN §2) as pydantic models: the single source of truth for its schema.
+
+Durations are kept as milliseconds (floats) in memory and serialised back as ``"<n>ms"`` so that a
+normalised spec (``ChainSpec.model_dump(mode="json")``) loads again unchanged: resume needs no
+YAML file.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from .._durations import parse_duration_ms
+from .._errors import BudgetError
+
+__all__ = [
+    "INPUT_TYPES",
+    "ChainSpec",
+    "ConcurrencyKeySpec",
+    "DurationMs",
+    "LlmSpec",
+    "MessageSpec",
+    "RetrySpec",
+    "StepSpec",
+]
+
+
+def _to_ms(value: object) -> float:
+    try:
+        return parse_duration_ms(value)
+    except BudgetError as exc:
+        # pydantic turns ValueError into a located validation error.
+        raise ValueError(exc.message) from None
+
+
+def _ms_to_str(value: float) -> str:
+    # Plain positional digits of the shortest exact repr: "1234567.8ms", never "1.23457e+06ms"
+    # (which would lose precision and not parse again on resume).
+    digits = f"{Decimal(repr(float(value))):f}"
+    if "." in digits:
+        digits = digits.rstrip("0").rstrip(".")
+    return f"{digits}ms"
+
+
+DurationMs = Annotated[
+    float,
+    BeforeValidator(_to_ms),
+    PlainSerializer(_ms_to_str, return_type=str, when_used="json"),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*(ms|s|m|h)$"},
+                {"type": "number", "minimum": 0, "description": "seconds"},
+            ],
+            "description": "A duration: '1500ms', '8s', '2m', '1h', or a number of seconds.",
+        }
+    ),
+]
+"""A duration in milliseconds, written in YAML as ``"250ms"``, ``"8s"``, ``"2m"`` or seconds."""
+
+INPUT_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "list": (list,),
+    "dict": (dict,),
+    "any": (object,),
+}
+"""The input type names a chain may declare, and the Python types each accepts."""
+
+_NAME = re.compile(r"^[a-z0-9_-]+$")
+_STEP_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(ms|s|m|h)\s*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConcurrencyKeySpec(_Strict):
+    """A semantic concurrency key: at most ``limit`` holders of the rendered ``key`` at once."""
+
+    key: str = Field(min_length=1, description="Template of the key, e.g. 'user:{{ input.user_id }}'.")
+    limit: int = Field(default=1, ge=1, le=1_000_000, description="Concurrent holders allowed.")
+    rate: str | None = Field(
+        default=None,
+        description="Optional rate limit on acquisitions, e.g. '5/s' or '100/m' (GCRA, bursts allowed).",
+    )
+    burst: int | None = Field(
+        default=None, ge=1, description="Acquisitions allowed in a burst under `rate` (default: 1)."
+    )
+
+    @field_validator("rate")
+    @classmethod
+    def _check_rate(cls, value: str | None) -> str | None:
+        if value is not None and rate_per_second(value) <= 0:
+            raise ValueError(f"rate must be positive, got {value!r}")
+        return value
+
+
+def rate_per_second(rate: str) -> float:
+    """Parse ``"5/s"``, ``"100/m"``, ``"0.5/s"`` into acquisitions per second."""
+    match = _RATE.match(rate)
+    if match is None:
+        raise ValueError(f"rate must look like '5/s' or '100/m', got {rate!r}")
+    per = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    return float(match.group(1)) / per
+
+
+class RetrySpec(_Strict):
+    """How often a step is tried, and how long to wait between tries (all inside its allotment)."""
+
+    attempts: int = Field(default=1, ge=1, le=100, description="Total tries, the first included.")
+    backoff: DurationMs = Field(default=100.0, description="Wait before the 2nd try; doubles after.")
+    max_backoff: DurationMs = Field(default=5000.0, description="Upper bound of one wait.")
+
+
+class MessageSpec(_Strict):
+    """One chat message of an LLM step; ``content`` is a template."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class LlmSpec(_Strict):
+    """An LLM call dispatched to the worker pool (or the in-process ``local`` model)."""
+
+    model: str = Field(min_length=1, description="A model of the pool, or 'local'.")
+    prompt: str | None = Field(default=None, description="User message template.")
+    system: str | None = Field(default=None, description="System message template.")
+    messages: list[MessageSpec] | None = Field(
+        default=None, description="Full message list (instead of prompt/system)."
+    )
+    max_tokens: int = Field(default=256, ge=1, le=1_000_000)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    json_output: bool = Field(
+        default=False, alias="json", description="The output must parse as JSON."
+    )
+    stop: list[str] | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> LlmSpec:
+        if self.messages is None and self.prompt is None:
+            raise ValueError("an llm step needs `prompt` or `messages`")
+        if self.messages is not None and (self.prompt is not None or self.system is not None):
+            raise ValueError("give either `messages` or `prompt`/`system`, not both")
+        return self
+
+
+class StepSpec(_Strict):
+    """One step of a chain: exactly one of ``llm``, ``tool`` or ``runnable``."""
+
+    id: str = Field(description="Unique step id: letters, digits, underscores.")
+    description: str = ""
+    weight: float = Field(default=1.0, gt=0, le=1e6, description="Share of the budget.")
+    min: DurationMs | None = Field(
+        default=None, description="Least time the step needs; below it the step is not started."
+    )
+    max: DurationMs | None = Field(default=None, description="Most time the step may get.")
+    optional: bool = Field(default=False, description="May be skipped when the budget runs short.")
+    llm: LlmSpec | None = None
+    tool: str | None = Field(default=None, description="'file.py:function' or 'module:function'.")
+    runnable: str | None = Field(default=None, description="'file.py:attr' or 'module:attr'.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of a tool (templates allowed)."
+    )
+    input: Any = Field(default=None, description="Input of a runnable step (templates allowed).")
+    fallbacks: list[str] = Field(
+        default_factory=list, description="Models tried in order when the primary cannot answer."
+    )
+    static_answer: str | None = Field(
+        default=None, description="Last-resort answer template when every model failed."
+    )
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    attempt_timeout: DurationMs | None = Field(
+        default=None, description="Cap on one attempt (the step allotment covers all attempts)."
+    )
+    on_timeout: Literal["fail", "partial"] = Field(
+        default="fail", description="'partial': an LLM step cut off keeps the tokens so far."
+    )
+    on_memory_pressure: Literal["fail", "shrink"] = Field(
+        default="fail", description="'shrink': retry with the worker's advised max_tokens."
+    )
+    concurrency: list[ConcurrencyKeySpec] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _STEP_ID.match(value):
+            raise ValueError(f"step id must match [A-Za-z_][A-Za-z0-9_]*, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StepSpec:
+        kinds = [k for k in ("llm", "tool", "runnable") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            found = ", ".join(kinds) or "none"
+            raise ValueError(f"a step needs exactly one of llm, tool, runnable (found: {found})")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}ms) is larger than max ({self.max:g}ms)")
+        if self.llm is None and (self.fallbacks or self.static_answer is not None):
+            raise ValueError("fallbacks and static_answer apply to llm steps only")
+        if self.tool is None and self.args:
+            raise ValueError("args apply to tool steps only")
+        if self.runnable is None and self.input is not None:
+            raise ValueError("input applies to runnable steps only")
+        return self
+
+    @property
+    def kind(self) -> Literal["llm", "tool", "runnable"]:
+        """Which kind of step this is."""
+        if self.llm is not None:
+            return "llm"
+        return "tool" if self.tool is not None else "runnable"
+
+
+class ChainSpec(_Strict):
+    """A whole chain: its budget, inputs, concurrency keys, steps and output."""
+
+    name: str = Field(description="Chain name, [a-z0-9_-]+.")
+    description: str = ""
+    budget: DurationMs = Field(description="Total wall-clock budget of one run.")
+    inputs: dict[str, str] = Field(
+        default_factory=dict, description="Input field -> type (str|int|float|bool|list|dict|any)."
+    )
+    concurrency: list[ConcurrencyKeySpec] = Field(default_factory=list)
+    steps: list[StepSpec] = Field(min_length=1)
+    output: Any = Field(
+        default=None, description="Template of the run's output (default: last step's output)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"name must match [a-z0-9_-]+, got {value!r}")
+        return value
+
+    @field_validator("budget")
+    @classmethod
+    def _check_budget(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("budget must be greater than zero")
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _check_inputs(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, type_name in value.items():
+            if not _STEP_ID.match(name):
+                raise ValueError(f"input name must be an identifier, got {name!r}")
+            if type_name not in INPUT_TYPES:
+                allowed = "|".join(INPUT_TYPES)
+                raise ValueError(f"input {name!r} has unknown type {type_name!r} (use {allowed})")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> ChainSpec:
+        seen: set[str] = set()
+        for step in self.steps:
+            if step.id in seen:
+                raise ValueError(f"duplicate step id {step.id!r}")
+            seen.add(step.id)
+        return self
+
+    def step(self, step_id: str) -> StepSpec:
+        """Return the step with this id (KeyError if none)."""
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)

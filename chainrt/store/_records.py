@@ -1,0 +1,133 @@
+"""The JSON records a checkpoint store keeps (DESIGN §4). Versioned; never pickled."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "RECORD_SCHEMA",
+    "AttemptRecord",
+    "OwnerLease",
+    "RunProgress",
+    "RunRecord",
+    "RunStatus",
+    "StepRecord",
+    "StepStatus",
+]
+
+RECORD_SCHEMA = 1
+"""Version of the record layout; a store refuses records of a newer version it cannot read."""
+
+RunStatus = Literal["running", "completed", "partial", "rejected", "failed"]
+"""``running`` while a runner owns it (or crashed while owning it); the rest are final."""
+
+StepStatus = Literal["completed", "skipped", "partial", "failed", "timed_out", "rejected"]
+"""``completed`` and ``skipped`` (optional step, budget short) are never run again on resume."""
+
+FINAL_STEP_STATUSES: frozenset[str] = frozenset({"completed", "skipped"})
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OwnerLease(_Record):
+    """Who runs a run right now: host and pid, until ``expires_at`` (unix seconds)."""
+
+    host: str
+    pid: int
+    token: int = Field(ge=0, description="Fencing token; grows by one at every takeover.")
+    expires_at: float
+
+
+class AttemptRecord(_Record):
+    """One try of a step: which model/endpoint, how it ended, and why the step moved on."""
+
+    attempt: int
+    model: str | None = None
+    endpoint: str | None = None
+    status: str
+    elapsed_ms: float
+    detail: str | None = None
+
+
+class StepRecord(_Record):
+    """What one step did. Written once, atomically with the run's progress."""
+
+    schema_version: int = Field(default=RECORD_SCHEMA, alias="schema")
+    step_id: str
+    status: StepStatus
+    output: Any = None
+    attempts: int = 0
+    model: str | None = None
+    fallback: str | None = None
+    allotted_ms: float = 0.0
+    elapsed_ms: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    error: str | None = None
+    attempt_log: list[AttemptRecord] = Field(default_factory=list)
+    waits_ms: dict[str, float] = Field(
+        default_factory=dict, description="Concurrency key -> ms waited for it."
+    )
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class RunProgress(_Record):
+    """The run fields a runner updates with each step write (and at the end)."""
+
+    status: RunStatus
+    budget_used_ms: float
+    output: Any = None
+    error: str | None = None
+    stopped_at: str | None = None
+    release_owner: bool = Field(
+        default=False, description="Drop the owner lease (set with a final status)."
+    )
+    waits_ms: dict[str, float] = Field(
+        default_factory=dict, description="Chain-scoped concurrency key -> ms waited."
+    )
+    budget_total_ms: float | None = Field(
+        default=None, description="New total budget (set when a resume was given a new budget)."
+    )
+    trace: dict[str, Any] | None = Field(
+        default=None, description="New trace ids of the run (set when a resumed run starts)."
+    )
+
+
+class RunRecord(_Record):
+    """Everything a run needs to be resumed anywhere: the spec itself travels with it."""
+
+    schema_version: int = Field(default=RECORD_SCHEMA, alias="schema")
+    run_id: str
+    chain: str
+    spec: dict[str, Any] = Field(description="The normalised chain spec (ChainSpec JSON).")
+    source: str | None = Field(
+        default=None, description="Directory of the chain file, to resolve its tools on resume."
+    )
+    input: dict[str, Any]
+    status: RunStatus = "running"
+    budget_total_ms: float
+    budget_used_ms: float = 0.0
+    output: Any = None
+    error: str | None = None
+    stopped_at: str | None = None
+    owner: OwnerLease | None = None
+    fencing_token: int = 0
+    trace: dict[str, Any] = Field(
+        default_factory=dict, description="Trace ids of this run and of the runs it resumed."
+    )
+    waits_ms: dict[str, float] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @property
+    def finished(self) -> bool:
+        """True once the run has a final status."""
+        return self.status != "running"

@@ -1,0 +1,121 @@
+"""Start a private, throw-away ``redis-server`` on a free loopback port (for tests and benches)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["RedisServer", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """A ``redis-server`` child process: no persistence, loopback only, its own temp dir.
+
+    ``with RedisServer() as server: server.url`` — stopped and cleaned up on exit. ``restart()``
+    stops and starts it on the same port (for store-fault tests); ``pause()``/``resume()`` are not
+    offered: tests SIGSTOP the process through ``server.process`` when they need that.
+    """
+
+    def __init__(self, *, port: int | None = None, password: str | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed; run `scripts/setup` (it installs it with apt-get)"
+            )
+        self._binary = binary
+        self.port = port or free_port()
+        self.password = password
+        self._dir = Path(tempfile.mkdtemp(prefix="chainrt-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://[:password@]127.0.0.1:PORT/0``."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start the server and wait until it answers PING."""
+        args = [
+            self._binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self._dir),
+            "--daemonize", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self._dir
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {self.process.returncode}")
+            if self._ping():
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout_s}s")
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                if self.password:
+                    sock.sendall(f"AUTH {self.password}\r\n".encode())
+                    sock.recv(64)
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s)."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (all data is lost: no persistence)."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop and remove the temp dir."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

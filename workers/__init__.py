@@ -1,0 +1,1 @@
+"""chainrt inference workers: engines (llama.cpp, vLLM, torch) and the worker HTTP service."""

@@ -1,0 +1,191 @@
+"""The engine interface: what the runner's in-process ``local`` model and the worker service use.
+
+An engine turns a :class:`GenerationRequest` into text. It raises ``chainrt.EngineOOM`` when one
+request ran out of memory (only that request fails) and ``chainrt.EngineDead`` when the engine
+itself is gone; the worker service then calls :meth:`Engine.recover`. Engines are async at the surface; CPU- or
+GPU-bound work runs in a thread or the engine's own process. Every engine honours the request's
+deadline: generation stops at it and returns what it has, ``finish_reason == "deadline"``.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from chainrt._errors import WorkerError
+
+__all__ = [
+    "ChatMessage",
+    "ContextLengthExceeded",
+    "Engine",
+    "EngineFaults",
+    "FinishReason",
+    "GenerationRequest",
+    "GenerationResult",
+    "MemoryStats",
+    "StreamDelta",
+]
+
+FinishReason = Literal["stop", "length", "deadline", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat message."""
+
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One generation: either chat ``messages`` or a raw ``prompt`` (completions API)."""
+
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    stop: list[str] | None = None
+    json_output: bool = False
+    deadline: float | None = None
+    """Unix time (seconds) at which generation must stop."""
+    priority: int = 0
+    """Lower runs first (critical=0, high=1, normal=2, low=3); engines may ignore it."""
+    request_id: str = ""
+    seed: int | None = None
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the deadline (None when there is none; may be negative)."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """The text and why it ended, with token counts."""
+
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A piece of streamed text; the last one carries ``result`` (the whole generation)."""
+
+    text: str
+    result: GenerationResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """Memory an engine can still give to requests, for admission control."""
+
+    total_bytes: int
+    free_bytes: int
+    kv_bytes_per_token: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class ContextLengthExceeded(WorkerError):
+    """A prompt (plus at least one generated token) can never fit the engine's context window.
+
+    Not retryable: the same request fails the same way; the caller must shorten the prompt.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int) -> None:
+        super().__init__(message, retryable=False)
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+
+
+class EngineFaults:
+    """Fault hooks an engine consults where a real failure would surface (thread-safe).
+
+    The worker's fault injection (``--enable-fault-injection``) arms them; an engine calls
+    :meth:`take_oom` right where its own out-of-memory error would be raised and, when it returns
+    True, raises that engine's *native* out-of-memory error there, so the injected fault travels
+    through exactly the same ``except`` branch as a real one. Unarmed, the check is one lock-free
+    integer test.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._oom = 0
+
+    def arm_oom(self, count: int) -> None:
+        """Make the next ``count`` generations hit an out-of-memory error (0 disarms)."""
+        with self._lock:
+            self._oom = max(0, count)
+
+    @property
+    def pending_oom(self) -> int:
+        """How many injected out-of-memory errors are still armed."""
+        return self._oom
+
+    def take_oom(self) -> bool:
+        """True (and one fewer armed) when this generation must fail with an OOM."""
+        if self._oom <= 0:  # fast path: faults off
+            return False
+        with self._lock:
+            if self._oom <= 0:
+                return False
+            self._oom -= 1
+            return True
+
+    def reset(self) -> None:
+        """Disarm every fault."""
+        with self._lock:
+            self._oom = 0
+
+
+class Engine(abc.ABC):
+    """A loaded model that generates text. One engine per process (or per worker)."""
+
+    name: str
+    """Engine kind: ``local``, ``vllm`` or ``torch``."""
+    model_name: str
+    """The model name it serves (what ``/v1/models`` lists)."""
+
+    @property
+    def faults(self) -> EngineFaults:
+        """The fault hooks of this engine (created on first use; subclasses need no __init__)."""
+        hooks: EngineFaults | None = self.__dict__.get("_engine_faults")
+        if hooks is None:
+            hooks = self.__dict__.setdefault("_engine_faults", EngineFaults())
+        return hooks
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model. Idempotent."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Free the model and its memory."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate the whole answer (stops at the deadline with what it has)."""
+
+    @abc.abstractmethod
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Generate piece by piece; the final delta carries the result."""
+
+    @abc.abstractmethod
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """Prompt tokens this request would use (after the chat template)."""
+
+    def memory(self) -> MemoryStats | None:
+        """Memory figures for admission control; None when the engine cannot tell."""
+        return None
+
+    async def recover(self) -> None:
+        """Bring the engine back after EngineOOM/EngineDead: free memory, restart what died.
+
+        Called by the worker service while it reports not-ready; the default does nothing.
+        """
+        return None
