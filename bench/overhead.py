@@ -22,9 +22,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chainrt._hooks import NO_HOOKS, Hooks  # noqa: E402
-from chainrt._runtime import open_runtime  # noqa: E402
-from chainrt.spec import spec_from_dict  # noqa: E402
+import itertools
+
+from chainrt._hooks import NO_HOOKS, Hooks
+from chainrt._runtime import open_runtime
+from chainrt.spec import spec_from_dict
 
 
 def _chain(steps: int) -> dict[str, Any]:
@@ -86,7 +88,7 @@ async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> 
             assert result.status == "completed", result.error
             steps_rec = await runtime.store.get_steps(result.run_id)
             starts = sorted(r.started_at for r in steps_rec.values())
-            per_step += [(b - a) * 1e3 for a, b in zip(starts, starts[1:], strict=False)]
+            per_step += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
             total_steps += steps
         raw_ms, raw_name = await _raw_round_trip(store_url)
     p50, p99 = _pct(per_step, 0.5), _pct(per_step, 0.99)
@@ -94,16 +96,22 @@ async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> 
     print(f"tracing          {'on' if hooks is not NO_HOOKS and hooks is not None else 'off'}")
     print(f"runs x steps     {runs} x {steps}")
     print(f"per durable step p50 {p50:.3f} ms   p99 {p99:.3f} ms")
-    print(f"throughput       {total_steps / total_s:,.0f} durable steps/s (whole runs, one process)")
+    print(
+        f"throughput       {total_steps / total_s:,.0f} durable steps/s (whole runs, one process)"
+    )
     print(f"{raw_name:<16} p50 {raw_ms:.3f} ms   ratio step/raw {p50 / raw_ms:.1f}x")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--store", help="store URL; 'redis' starts a private redis-server")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--trace", action="store_true", help="measure with tracing hooks on (in-memory exporter)")
+    parser.add_argument(
+        "--trace", action="store_true", help="measure with tracing hooks on (in-memory exporter)"
+    )
     args = parser.parse_args()
     hooks: Hooks | None = None
     if args.trace:

@@ -1,9 +1,9 @@
 """chainrt — a runtime for agent chains that answer inside their latency budget.
 
-    import chainrt
-    chain = chainrt.load("chains/support_agent.yaml")
-    result = chain.run({"user_id": "u1", "session_id": "s1", "question": "Where is order 1042?"})
-    result = chainrt.resume(result.run_id)
+import chainrt
+chain = chainrt.load("chains/support_agent.yaml")
+result = chain.run({"user_id": "u1", "session_id": "s1", "question": "Where is order 1042?"})
+result = chainrt.resume(result.run_id)
 """
 
 from __future__ import annotations

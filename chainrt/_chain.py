@@ -26,7 +26,9 @@ def _budget_ms(budget: Duration) -> float | None:
 class Chain:
     """A validated chain, ready to run. Build it with :func:`load` (or from a spec)."""
 
-    def __init__(self, spec: ChainSpec, *, source_dir: Path | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self, spec: ChainSpec, *, source_dir: Path | None = None, path: Path | None = None
+    ) -> None:
         self.spec = spec
         self.source_dir = source_dir
         self.path = path
@@ -48,7 +50,11 @@ class Chain:
         """Run the chain once (async). ``budget`` overrides the chain's: ``"8s"`` or seconds."""
         async with open_runtime(store=store, pool=pool) as runtime:
             return await runtime.runner.run(
-                self.spec, inputs, source_dir=self.source_dir, run_id=run_id, budget_ms=_budget_ms(budget)
+                self.spec,
+                inputs,
+                source_dir=self.source_dir,
+                run_id=run_id,
+                budget_ms=_budget_ms(budget),
             )
 
     def run(
@@ -63,7 +69,9 @@ class Chain:
         """Run the chain once (blocking; do not call from a running event loop)."""
         return asyncio.run(self.arun(inputs, run_id=run_id, budget=budget, store=store, pool=pool))
 
-    def as_runnable(self, *, store: StoreLike = None, pool: PoolLike = None) -> Runnable[dict[str, Any], Any]:
+    def as_runnable(
+        self, *, store: StoreLike = None, pool: PoolLike = None
+    ) -> Runnable[dict[str, Any], Any]:
         """This chain as a LangChain ``Runnable[dict, Any]`` (needs ``chainrt[langchain]``)."""
         from .langchain import ChainRunnable
 
@@ -80,7 +88,12 @@ def load(path: str | Path) -> Chain:
 
 
 async def aresume(
-    run_id: str, *, store: StoreLike = None, pool: PoolLike = None, budget: Duration = None, wait: bool = True
+    run_id: str,
+    *,
+    store: StoreLike = None,
+    pool: PoolLike = None,
+    budget: Duration = None,
+    wait: bool = True,
 ) -> RunResult:
     """Resume a run from its last checkpoint (async); recorded steps are not run again."""
     async with open_runtime(store=store, pool=pool) as runtime:
@@ -88,7 +101,12 @@ async def aresume(
 
 
 def resume(
-    run_id: str, *, store: StoreLike = None, pool: PoolLike = None, budget: Duration = None, wait: bool = True
+    run_id: str,
+    *,
+    store: StoreLike = None,
+    pool: PoolLike = None,
+    budget: Duration = None,
+    wait: bool = True,
 ) -> RunResult:
     """Resume a run from its last checkpoint (blocking)."""
     return asyncio.run(aresume(run_id, store=store, pool=pool, budget=budget, wait=wait))

@@ -43,7 +43,11 @@ class Hooks:
     """Observer interface. Subclass and override; every method has a cheap default."""
 
     def span(
-        self, name: str, attributes: dict[str, Any] | None = None, *, links: list[dict[str, Any]] | None = None
+        self,
+        name: str,
+        attributes: dict[str, Any] | None = None,
+        *,
+        links: list[dict[str, Any]] | None = None,
     ) -> Span:
         """Open a span named ``name`` as a child of the current one (use as a context manager).
 
@@ -73,5 +77,3 @@ class NoHooks(Hooks):
 
 
 NO_HOOKS = NoHooks()
-
-

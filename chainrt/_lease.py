@@ -61,7 +61,9 @@ def owner_state(
     if owner is None:
         return OwnerState(True, "no owner")
     if owner.host == host and owner.pid == os.getpid():
-        return OwnerState(False, f"owned by this very process (pid {owner.pid})", owner.expires_at - now)
+        return OwnerState(
+            False, f"owned by this very process (pid {owner.pid})", owner.expires_at - now
+        )
     if owner.host == host and not alive(owner.pid):
         return OwnerState(True, f"owner pid {owner.pid} on {host} is gone")
     if owner.expires_at <= now:

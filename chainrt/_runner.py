@@ -61,7 +61,9 @@ def new_run_id() -> str:
 def check_inputs(spec: ChainSpec, inputs: Any) -> dict[str, Any]:
     """Validate a run's input against the chain's declared inputs (before anything runs)."""
     if not isinstance(inputs, dict):
-        raise InputError(f"input of chain {spec.name!r} must be a JSON object, got {type(inputs).__name__}")
+        raise InputError(
+            f"input of chain {spec.name!r} must be a JSON object, got {type(inputs).__name__}"
+        )
     missing = [name for name in spec.inputs if name not in inputs]
     if missing:
         raise InputError(f"input of chain {spec.name!r} lacks {', '.join(missing)}")
@@ -160,7 +162,9 @@ class Runner:
         total = spec.budget if budget_ms is None else budget_ms
         if total <= 0:
             raise BudgetError(f"budget must be greater than zero, got {total:g}ms")
-        owner = OwnerLease(host=self._host, pid=os.getpid(), token=1, expires_at=time.time() + self.lease_ttl_s)
+        owner = OwnerLease(
+            host=self._host, pid=os.getpid(), token=1, expires_at=time.time() + self.lease_ttl_s
+        )
         record = RunRecord(
             run_id=run_id,
             chain=spec.name,
@@ -214,12 +218,19 @@ class Runner:
                 expires_at=time.time() + self.lease_ttl_s,
             ),
         )
-        record = record.model_copy(update={"fencing_token": token, "budget_total_ms": total, "status": "running"})
+        record = record.model_copy(
+            update={"fencing_token": token, "budget_total_ms": total, "status": "running"}
+        )
         spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
         steps = await self.store.get_steps(run_id)
         links = [record.trace] if record.trace.get("trace_id") else []
         return await self._execute(
-            record, spec, steps, _Clock(total, record.budget_used_ms), links=links, new_total=budget_ms is not None
+            record,
+            spec,
+            steps,
+            _Clock(total, record.budget_used_ms),
+            links=links,
+            new_total=budget_ms is not None,
         )
 
     # ------------------------------------------------------------------ the loop
@@ -238,7 +249,9 @@ class Runner:
         token = record.fencing_token
         task = asyncio.current_task()
         assert task is not None
-        heartbeat = Heartbeat(self.store, run_id, token, self.lease_ttl_s, on_fenced=task.cancel)
+        heartbeat = Heartbeat(
+            self.store, run_id, token, self.lease_ttl_s, on_fenced=lambda: _cancel(task)
+        )
         heartbeat.start()
         source_dir = Path(record.source) if record.source else None
         scope: dict[str, Any] = {"input": record.input, "steps": {}, "run_id": run_id}
@@ -250,16 +263,26 @@ class Runner:
         final = False
         with self.hooks.span(
             "chain.run",
-            {"chainrt.run_id": run_id, "chainrt.chain": spec.name, "chainrt.budget_ms": clock.total_ms,
-             "chainrt.resumed": bool(links)},
+            {
+                "chainrt.run_id": run_id,
+                "chainrt.chain": spec.name,
+                "chainrt.budget_ms": clock.total_ms,
+                "chainrt.resumed": bool(links),
+            },
             links=links,
         ) as span:
             try:
                 ids = self.hooks.current_ids()
                 if ids or new_total:
                     trace = {**ids, "resumed_from": links} if ids else None
-                    await self._commit(state, token, clock, status="running", trace=trace,
-                                       budget_total=clock.total_ms if new_total else None)
+                    await self._commit(
+                        state,
+                        token,
+                        clock,
+                        status="running",
+                        trace=trace,
+                        budget_total=clock.total_ms if new_total else None,
+                    )
                 await self._steps(spec, state, token, clock, scope, source_dir)
                 final = True
             except FencedOut as exc:
@@ -294,38 +317,63 @@ class Runner:
     ) -> None:
         run_id = state.record.run_id
         try:
-            run_holding = await self._acquire(spec.concurrency, scope, clock.remaining_ms(), f"{run_id}:run")
+            run_holding = await self._acquire(
+                spec.concurrency, scope, clock.remaining_ms(), f"{run_id}:run"
+            )
         except ConcurrencyRejected as exc:
-            await self._finish(state, token, clock, "rejected", error=exc.message, stopped_at=spec.steps[0].id)
+            await self._finish(
+                state, token, clock, "rejected", error=exc.message, stopped_at=spec.steps[0].id
+            )
             return
         state.waits_ms.update(run_holding.waits_ms)
         try:
-            pending = [s for s in spec.steps if s.id not in state.done or state.done[s.id].status not in FINAL_STEP_STATUSES]
+            pending = [
+                s
+                for s in spec.steps
+                if s.id not in state.done or state.done[s.id].status not in FINAL_STEP_STATUSES
+            ]
             for index, step in enumerate(pending):
                 left = [_step_budget(s) for s in pending[index:]]
                 decision = budget.decide(clock.remaining_ms(), left)
                 if isinstance(decision, budget.Stop):
-                    await self._finish(state, token, clock, "partial", error=f"budget: {decision.reason}", stopped_at=step.id)
+                    await self._finish(
+                        state,
+                        token,
+                        clock,
+                        "partial",
+                        error=f"budget: {decision.reason}",
+                        stopped_at=step.id,
+                    )
                     return
                 if isinstance(decision, budget.Skip):
-                    rec = _record(step, StepOutcome("skipped", error=decision.reason), 0.0, time.time(), 0.0)
+                    rec = _record(
+                        step, StepOutcome("skipped", error=decision.reason), 0.0, time.time(), 0.0
+                    )
                     await self._commit(state, token, clock, step=rec)
                     self.progress.step_finished(rec)
                     continue
-                outcome, rec = await self._run_step(step, decision.ms, scope, run_id, source_dir)
+                _outcome, rec = await self._run_step(step, decision.ms, scope, run_id, source_dir)
                 if rec.status in FINAL_STEP_STATUSES:
                     scope["steps"][step.id] = {"output": rec.output}
                     await self._commit(state, token, clock, step=rec)
                     self.progress.step_finished(rec)
                     continue
                 if step.optional and rec.status in ("timed_out", "failed", "rejected"):
-                    rec = rec.model_copy(update={"status": "skipped", "error": f"{rec.status}: {rec.error}"})
+                    rec = rec.model_copy(
+                        update={"status": "skipped", "error": f"{rec.status}: {rec.error}"}
+                    )
                     await self._commit(state, token, clock, step=rec)
                     self.progress.step_finished(rec)
                     continue
                 status = {"timed_out": "partial", "rejected": "rejected"}.get(rec.status, "failed")
                 await self._finish(
-                    state, token, clock, status, error=f"step {step.id}: {rec.error}", stopped_at=step.id, step=rec
+                    state,
+                    token,
+                    clock,
+                    status,
+                    error=f"step {step.id}: {rec.error}",
+                    stopped_at=step.id,
+                    step=rec,
                 )
                 self.progress.step_finished(rec)
                 return
@@ -339,7 +387,12 @@ class Runner:
             await run_holding.release()
 
     async def _run_step(
-        self, step: StepSpec, allot_ms: float, scope: dict[str, Any], run_id: str, source_dir: Path | None
+        self,
+        step: StepSpec,
+        allot_ms: float,
+        scope: dict[str, Any],
+        run_id: str,
+        source_dir: Path | None,
     ) -> tuple[StepOutcome, StepRecord]:
         started_at = time.time()
         t0 = time.perf_counter()
@@ -348,42 +401,72 @@ class Runner:
         self.progress.step_started(step, allot_ms, model)
         with self.hooks.span(
             "chain.step",
-            {"chainrt.run_id": run_id, "chainrt.step_id": step.id, "chainrt.step_kind": step.kind,
-             "chainrt.weight": step.weight, "chainrt.allotted_ms": allot_ms},
+            {
+                "chainrt.run_id": run_id,
+                "chainrt.step_id": step.id,
+                "chainrt.step_kind": step.kind,
+                "chainrt.weight": step.weight,
+                "chainrt.allotted_ms": allot_ms,
+            },
         ) as span:
             step_scope = {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
             waits: dict[str, float] = {}
             try:
-                holding = await self._acquire(step.concurrency, step_scope, allot_ms, f"{run_id}:{step.id}")
+                holding = await self._acquire(
+                    step.concurrency, step_scope, allot_ms, f"{run_id}:{step.id}"
+                )
             except ConcurrencyRejected as exc:
                 outcome = StepOutcome("rejected", error=exc.message)
             else:
                 waits = holding.waits_ms
                 try:
-                    outcome = await self._dispatch_kind(step, step_scope, run_id, deadline, source_dir)
+                    outcome = await self._dispatch_kind(
+                        step, step_scope, run_id, deadline, source_dir
+                    )
                 finally:
                     await holding.release()
             elapsed = (time.perf_counter() - t0) * 1000
             rec = _record(step, outcome, allot_ms, started_at, elapsed, waits)
-            span.set(**{"chainrt.status": rec.status, "chainrt.used_ms": elapsed,
-                        "chainrt.fallback": rec.fallback, "chainrt.attempts": rec.attempts})
+            span.set(
+                **{
+                    "chainrt.status": rec.status,
+                    "chainrt.used_ms": elapsed,
+                    "chainrt.fallback": rec.fallback,
+                    "chainrt.attempts": rec.attempts,
+                }
+            )
             if rec.error and rec.status not in FINAL_STEP_STATUSES:
                 span.error(ChainRTError(rec.error))
         return outcome, rec
 
     async def _dispatch_kind(
-        self, step: StepSpec, scope: dict[str, Any], run_id: str, deadline: float, source_dir: Path | None
+        self,
+        step: StepSpec,
+        scope: dict[str, Any],
+        run_id: str,
+        deadline: float,
+        source_dir: Path | None,
     ) -> StepOutcome:
         try:
             if step.llm is not None:
                 return await run_llm(self.dispatcher, self._llm_call(step, scope, run_id), deadline)
             if step.tool is not None:
-                fn = resolve_callable(step.tool, chain_dir=source_dir or Path.cwd(), allowed_modules=self.allowed_modules)
+                fn = resolve_callable(
+                    step.tool,
+                    chain_dir=source_dir or Path.cwd(),
+                    allowed_modules=self.allowed_modules,
+                )
                 kwargs = render_value(step.args, scope)
                 return await run_tool(
-                    fn, kwargs, run_id=run_id, step_id=step.id, deadline=deadline,
-                    attempts=step.retry.attempts, backoff_ms=step.retry.backoff,
-                    max_backoff_ms=step.retry.max_backoff, attempt_timeout_ms=step.attempt_timeout,
+                    fn,
+                    kwargs,
+                    run_id=run_id,
+                    step_id=step.id,
+                    deadline=deadline,
+                    attempts=step.retry.attempts,
+                    backoff_ms=step.retry.backoff,
+                    max_backoff_ms=step.retry.max_backoff,
+                    attempt_timeout_ms=step.attempt_timeout,
                 )
             executor = self.runnable_executor or _runnable_executor()
             if executor is None:
@@ -392,7 +475,11 @@ class Runner:
                     error="runnable steps need the LangChain integration: pip install 'chainrt[langchain]'",
                 )
             outcome: StepOutcome = await executor(
-                step, scope, run_id=run_id, deadline=deadline, source_dir=source_dir,
+                step,
+                scope,
+                run_id=run_id,
+                deadline=deadline,
+                source_dir=source_dir,
                 allowed_modules=self.allowed_modules,
             )
             return outcome
@@ -402,6 +489,7 @@ class Runner:
     def _llm_call(self, step: StepSpec, scope: dict[str, Any], run_id: str) -> LlmCall:
         llm = step.llm
         assert llm is not None
+        messages: list[tuple[str, str]]
         if llm.messages is not None:
             messages = [(m.role, str(render_value(m.content, scope))) for m in llm.messages]
         else:
@@ -417,7 +505,9 @@ class Runner:
             json_output=llm.json_output,
             stop=llm.stop,
             fallbacks=list(step.fallbacks),
-            static_answer=None if step.static_answer is None else str(render_value(step.static_answer, scope)),
+            static_answer=None
+            if step.static_answer is None
+            else str(render_value(step.static_answer, scope)),
             attempts=step.retry.attempts,
             backoff_ms=step.retry.backoff,
             max_backoff_ms=step.retry.max_backoff,
@@ -431,13 +521,19 @@ class Runner:
 
     # ------------------------------------------------------------------ store and keys
 
-    async def _acquire(self, keys: list[ConcurrencyKeySpec], scope: dict[str, Any], within_ms: float, holder: str) -> Any:
+    async def _acquire(
+        self, keys: list[ConcurrencyKeySpec], scope: dict[str, Any], within_ms: float, holder: str
+    ) -> Any:
         requests = _key_requests(keys, scope) if keys else []
         if not requests:
             return await self.limiter.acquire([], timeout_s=0.0, holder=holder)
-        with self.hooks.span("concurrency.acquire", {"chainrt.keys": [r.key for r in requests]}) as span:
+        with self.hooks.span(
+            "concurrency.acquire", {"chainrt.keys": [r.key for r in requests]}
+        ) as span:
             try:
-                holding = await self.limiter.acquire(requests, timeout_s=max(within_ms, 0.0) / 1000, holder=holder)
+                holding = await self.limiter.acquire(
+                    requests, timeout_s=max(within_ms, 0.0) / 1000, holder=holder
+                )
             except ConcurrencyRejected as exc:
                 span.set(**{"chainrt.key": exc.key, "chainrt.waited_ms": exc.waited_ms})
                 span.error(exc)
@@ -461,7 +557,7 @@ class Runner:
         stopped_at: str | None = None,
     ) -> None:
         progress = RunProgress(
-            status=status,  # type: ignore[arg-type]
+            status=status,
             budget_used_ms=round(clock.used_ms(), 3),
             output=output,
             error=error,
@@ -472,9 +568,13 @@ class Runner:
             trace=trace,
         )
         timeout = max(clock.remaining_ms() / 1000, _COMMIT_GRACE_S)
-        with self.hooks.span("checkpoint.write", {"chainrt.step_id": step.step_id if step else None}):
+        with self.hooks.span(
+            "checkpoint.write", {"chainrt.step_id": step.step_id if step else None}
+        ):
             try:
-                await asyncio.wait_for(self.store.commit(state.record.run_id, token, progress, step), timeout)
+                await asyncio.wait_for(
+                    self.store.commit(state.record.run_id, token, progress, step), timeout
+                )
             except TimeoutError:
                 raise CheckpointError(
                     f"checkpoint of run {state.record.run_id} did not complete within the budget; "
@@ -483,8 +583,13 @@ class Runner:
         if step is not None:
             state.done[step.step_id] = step
         update: dict[str, Any] = {
-            "status": status, "budget_used_ms": progress.budget_used_ms, "waits_ms": dict(state.waits_ms),
-            "output": output, "error": error, "stopped_at": stopped_at, "updated_at": time.time(),
+            "status": status,
+            "budget_used_ms": progress.budget_used_ms,
+            "waits_ms": dict(state.waits_ms),
+            "output": output,
+            "error": error,
+            "stopped_at": stopped_at,
+            "updated_at": time.time(),
         }
         if budget_total is not None:
             update["budget_total_ms"] = budget_total
@@ -495,16 +600,35 @@ class Runner:
         state.record = state.record.model_copy(update=update)
 
     async def _finish(
-        self, state: _RunState, token: int, clock: _Clock, status: str, *,
-        output: Any = None, error: str | None = None, stopped_at: str | None = None, step: StepRecord | None = None,
+        self,
+        state: _RunState,
+        token: int,
+        clock: _Clock,
+        status: str,
+        *,
+        output: Any = None,
+        error: str | None = None,
+        stopped_at: str | None = None,
+        step: StepRecord | None = None,
     ) -> None:
         await self._commit(
-            state, token, clock, step=step, status=status, release=True,
-            output=output, error=error, stopped_at=stopped_at,
+            state,
+            token,
+            clock,
+            step=step,
+            status=status,
+            release=True,
+            output=output,
+            error=error,
+            stopped_at=stopped_at,
         )
 
     async def _release(self, state: _RunState, token: int, clock: _Clock) -> None:
         await self._commit(state, token, clock, status="running", release=True)
+
+
+def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
 
 
 class _RunState:
@@ -526,16 +650,22 @@ def _runnable_executor() -> Callable[..., Any] | None:
 
 
 def _step_budget(step: StepSpec) -> budget.StepBudget:
-    return budget.StepBudget(weight=step.weight, min_ms=step.min, max_ms=step.max, optional=step.optional)
+    return budget.StepBudget(
+        weight=step.weight, min_ms=step.min, max_ms=step.max, optional=step.optional
+    )
 
 
 def _record(
-    step: StepSpec, outcome: StepOutcome, allot_ms: float, started_at: float, elapsed_ms: float,
+    step: StepSpec,
+    outcome: StepOutcome,
+    allot_ms: float,
+    started_at: float,
+    elapsed_ms: float,
     waits: dict[str, float] | None = None,
 ) -> StepRecord:
     return StepRecord(
         step_id=step.id,
-        status=outcome.status,  # type: ignore[arg-type]
+        status=outcome.status,
         output=outcome.output,
         attempts=outcome.attempts,
         model=outcome.model,

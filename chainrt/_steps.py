@@ -7,6 +7,7 @@ its deadline (Python cannot kill a thread); the step is recorded as timed out ei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 from ._context import StepContext
 from ._errors import ChainRTError
-from .dispatch import DispatchFailed, Dispatcher, LlmCall
+from .dispatch import Dispatcher, DispatchFailed, LlmCall
 from .store._records import AttemptRecord
 
 __all__ = ["StepOutcome", "call_tool", "run_llm", "run_tool"]
@@ -69,18 +70,15 @@ def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future
             value, exc = fn(**kwargs), None
         except BaseException as error:  # handed to the awaiting task, not swallowed
             value, exc = None, error
-        try:
+        # If the loop is closed, nobody waits for this abandoned call any more.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, value, exc)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits for this abandoned call any more
 
     threading.Thread(target=target, name=f"chainrt-tool-{fn.__name__}", daemon=True).start()
     return future
 
 
-def call_tool(
-    fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext
-) -> Awaitable[Any]:
+def call_tool(fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext) -> Awaitable[Any]:
     """Start one call of a tool: async tools on the loop, sync tools in a thread."""
     if _wants_ctx(fn):
         kwargs = {**kwargs, "ctx": ctx}
@@ -127,14 +125,18 @@ async def run_tool(
             _check_json(value, f"tool of step {step_id!r}")
         except TimeoutError:
             elapsed = (time.perf_counter() - started) * 1000
-            log.append(AttemptRecord(attempt=attempt, status="timeout", elapsed_ms=round(elapsed, 3)))
+            log.append(
+                AttemptRecord(attempt=attempt, status="timeout", elapsed_ms=round(elapsed, 3))
+            )
             last_error = f"timed out after {elapsed:.0f}ms"
             if deadline - time.time() <= 0:
                 return StepOutcome("timed_out", attempts=attempt, error=last_error, attempt_log=log)
             continue  # the attempt timeout hit, not the step's deadline: try again
         except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
             elapsed = (time.perf_counter() - started) * 1000
-            last_error = exc.message if isinstance(exc, ChainRTError) else f"{type(exc).__name__}: {exc}"
+            last_error = (
+                exc.message if isinstance(exc, ChainRTError) else f"{type(exc).__name__}: {exc}"
+            )
             log.append(
                 AttemptRecord(
                     attempt=attempt, status="error", elapsed_ms=round(elapsed, 3), detail=last_error
@@ -150,7 +152,9 @@ async def run_tool(
         log.append(AttemptRecord(attempt=attempt, status="ok", elapsed_ms=round(elapsed, 3)))
         return StepOutcome("completed", output=value, attempts=attempt, attempt_log=log)
     status = "timed_out" if deadline - time.time() <= 0 else "failed"
-    return StepOutcome(status, attempts=len(log), error=last_error or "no time left", attempt_log=log)
+    return StepOutcome(
+        status, attempts=len(log), error=last_error or "no time left", attempt_log=log
+    )
 
 
 async def run_llm(dispatcher: Dispatcher, call: LlmCall, deadline: float) -> StepOutcome:

@@ -12,16 +12,28 @@ from chainrt._budget import DEFAULT_MIN_STEP_MS, Allot, Skip, StepBudget, Stop, 
 @pytest.mark.parametrize(
     ("remaining", "steps", "expected"),
     [
-        (8000, [StepBudget(0.2), StepBudget(0.1), StepBudget(0.4), StepBudget(0.2), StepBudget(0.1)], Allot(1600)),
+        (
+            8000,
+            [StepBudget(0.2), StepBudget(0.1), StepBudget(0.4), StepBudget(0.2), StepBudget(0.1)],
+            Allot(1600),
+        ),
         (1000, [StepBudget(1), StepBudget(1)], Allot(500)),
         (1000, [StepBudget(1, max_ms=100), StepBudget(1)], Allot(100)),
         (1000, [StepBudget(1, min_ms=800), StepBudget(1)], Allot(800)),
         (1000, [StepBudget(1, min_ms=2000)], Stop("1000ms left, step needs 2000ms")),
-        (3, [StepBudget(1, optional=True)], Skip(f"3ms left, step needs {DEFAULT_MIN_STEP_MS:.0f}ms")),
+        (
+            3,
+            [StepBudget(1, optional=True)],
+            Skip(f"3ms left, step needs {DEFAULT_MIN_STEP_MS:.0f}ms"),
+        ),
         (3, [StepBudget(1)], Stop(f"3ms left, step needs {DEFAULT_MIN_STEP_MS:.0f}ms")),
         (-50, [StepBudget(1)], Stop(f"0ms left, step needs {DEFAULT_MIN_STEP_MS:.0f}ms")),
         # An optional step gives way to the required step after it.
-        (100, [StepBudget(1, optional=True), StepBudget(1, min_ms=97)], Skip("100ms left, 97ms reserved for the required steps after")),
+        (
+            100,
+            [StepBudget(1, optional=True), StepBudget(1, min_ms=97)],
+            Skip("100ms left, 97ms reserved for the required steps after"),
+        ),
         (100, [StepBudget(9, optional=True), StepBudget(1, min_ms=50)], Allot(50)),
     ],
 )
@@ -49,7 +61,10 @@ step_budgets = st.builds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(remaining=st.floats(min_value=-100, max_value=1e6), steps=st.lists(step_budgets, min_size=1, max_size=8))
+@given(
+    remaining=st.floats(min_value=-100, max_value=1e6),
+    steps=st.lists(step_budgets, min_size=1, max_size=8),
+)
 def test_allotment_never_exceeds_time_left(remaining: float, steps: list[StepBudget]) -> None:
     decision = decide(remaining, steps)
     if isinstance(decision, Allot):
@@ -59,7 +74,9 @@ def test_allotment_never_exceeds_time_left(remaining: float, steps: list[StepBud
             assert decision.ms <= steps[0].max_ms
 
 
-def _simulate(total: float, steps: list[StepBudget], usage: list[float]) -> tuple[list[float], float, list[str]]:
+def _simulate(
+    total: float, steps: list[StepBudget], usage: list[float]
+) -> tuple[list[float], float, list[str]]:
     """Drive decide() like the runner does: each step uses a fraction of its allotment (>1 = overrun,
     cut at the deadline, as the runner cuts it)."""
     used = 0.0
@@ -88,7 +105,7 @@ def _simulate(total: float, steps: list[StepBudget], usage: list[float]) -> tupl
 def test_run_stops_in_time_and_sum_within_budget(
     total: float, steps: list[StepBudget], usage: list[float]
 ) -> None:
-    allots, used, _ = _simulate(total, steps, usage)
+    _allots, used, _ = _simulate(total, steps, usage)
     assert used <= total + 1e-6
     # Every allotment is carved from what was left, so even allotments sum within the budget when
     # each step uses all of it.

@@ -13,9 +13,15 @@ import pytest
 CHAINS = Path(__file__).parent / "data" / "chains"
 
 
-def chainrt(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def chainrt(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "chainrt", *args], capture_output=True, text=True, env=env, timeout=timeout
+        [sys.executable, "-m", "chainrt", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
 
 
@@ -30,13 +36,27 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 def calls(env: dict[str, str]) -> list[str]:
     path = Path(env["CHAINRT_TEST_LOG"])
-    return [json.loads(line)["tool"] for line in path.read_text().splitlines()] if path.exists() else []
+    return (
+        [json.loads(line)["tool"] for line in path.read_text().splitlines()]
+        if path.exists()
+        else []
+    )
 
 
-def test_crash_in_third_tool_then_resume_finishes_without_rerunning(env: dict[str, str], tmp_path: Path) -> None:
+def test_crash_in_third_tool_then_resume_finishes_without_rerunning(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     marker = tmp_path / "crashed"
-    crashed = chainrt("run", str(CHAINS / "crashy.yaml"), "--input", json.dumps({"marker": str(marker)}),
-                      "--run-id", "crash-1", "--json", env=env)
+    crashed = chainrt(
+        "run",
+        str(CHAINS / "crashy.yaml"),
+        "--input",
+        json.dumps({"marker": str(marker)}),
+        "--run-id",
+        "crash-1",
+        "--json",
+        env=env,
+    )
     assert crashed.returncode == 17, crashed.stderr  # the tool's os._exit took the process down
     assert calls(env) == ["one", "two", "three"]
 
@@ -54,10 +74,20 @@ def test_crash_in_third_tool_then_resume_finishes_without_rerunning(env: dict[st
     assert result["status"] == "completed"
     assert result["output"] == {"sum": 2, "three": {"name": "three", "survived": True}}
     assert calls(env) == ["one", "two", "three", "three"]  # one and two were not called again
-    assert result["budget"]["used_ms"] >= used_before  # the budget used before the crash carried over
+    assert (
+        result["budget"]["used_ms"] >= used_before
+    )  # the budget used before the crash carried over
     assert [s["id"] for s in result["steps"]] == ["one", "two", "three", "four"]
     for step in result["steps"]:
-        assert set(step) >= {"id", "status", "attempts", "allotted_ms", "elapsed_ms", "model", "fallback"}
+        assert set(step) >= {
+            "id",
+            "status",
+            "attempts",
+            "allotted_ms",
+            "elapsed_ms",
+            "model",
+            "fallback",
+        }
 
 
 def test_human_output_shows_progress_and_summary(env: dict[str, str]) -> None:
@@ -68,7 +98,8 @@ def test_human_output_shows_progress_and_summary(env: dict[str, str]) -> None:
         assert step in done.stderr  # live per-step lines
     assert "allotted" in done.stderr
     listed = chainrt("runs", env=env)
-    assert "misc" in listed.stdout and "completed" in listed.stdout
+    assert "misc" in listed.stdout
+    assert "completed" in listed.stdout
 
 
 @pytest.mark.parametrize(
@@ -81,10 +112,15 @@ def test_human_output_shows_progress_and_summary(env: dict[str, str]) -> None:
         (["resume", "no-such-run"], "no-such-run"),
         (["inspect", "no-such-run"], "no-such-run"),
         (["frobnicate"], "invalid choice"),
-        (["run", str(CHAINS / "misc.yaml"), "--input", '{"x": 1}', "--store", "ftp://x"], "ftp://x"),
+        (
+            ["run", str(CHAINS / "misc.yaml"), "--input", '{"x": 1}', "--store", "ftp://x"],
+            "ftp://x",
+        ),
     ],
 )
-def test_errors_are_one_line_without_traceback(env: dict[str, str], args: list[str], message: str) -> None:
+def test_errors_are_one_line_without_traceback(
+    env: dict[str, str], args: list[str], message: str
+) -> None:
     done = chainrt(*args, env=env)
     assert done.returncode not in (0, 1) or args[0] in ("resume", "inspect")
     assert done.returncode != 0
@@ -101,6 +137,7 @@ def test_validate_and_schema(env: dict[str, str], tmp_path: Path) -> None:
     bad.write_text("name: bad\nbudget: 1s\nsteps:\n  - id: a\n    tool: t.py:f\n    colour: red\n")
     failed = chainrt("validate", str(bad), env=env)
     assert failed.returncode == 2
-    assert f"{bad}:6" in failed.stderr and "colour" in failed.stderr
+    assert f"{bad}:6" in failed.stderr
+    assert "colour" in failed.stderr
     schema = chainrt("schema", env=env)
     assert json.loads(schema.stdout)["properties"]["steps"]

@@ -47,7 +47,9 @@ async def test_tool_chain_completes_with_typed_templates(store_url: str) -> None
     assert 0 < result.budget.used_ms < 5000
 
 
-async def test_sync_tool_past_its_allotment_is_cut_and_run_is_partial(store_url: str, call_log: Path) -> None:
+async def test_sync_tool_past_its_allotment_is_cut_and_run_is_partial(
+    store_url: str, call_log: Path
+) -> None:
     chain = chainrt.load(CHAINS / "slow_tool.yaml")
     started = time.perf_counter()
     result = await chain.arun({"seconds": 5.0}, store=store_url)
@@ -63,14 +65,17 @@ async def test_sync_tool_past_its_allotment_is_cut_and_run_is_partial(store_url:
     assert calls(call_log) == ["quick", "sleepy"]  # "after" never ran
 
 
-async def test_optional_step_that_runs_long_is_skipped_and_run_completes(store_url: str, call_log: Path) -> None:
+async def test_optional_step_that_runs_long_is_skipped_and_run_completes(
+    store_url: str, call_log: Path
+) -> None:
     chain = chainrt.load(CHAINS / "slow_optional.yaml")
     result = await chain.arun({}, store=store_url)
     assert result.status == "completed", result.error
     assert result.output == "last"
     dawdle = next(s for s in result.steps if s.id == "dawdle")
     assert dawdle.status == "skipped"
-    assert dawdle.error is not None and "timed_out" in dawdle.error
+    assert dawdle.error is not None
+    assert "timed_out" in dawdle.error
     assert result.budget.used_ms <= 1000 + 50
     assert calls(call_log) == ["first", "async_sleepy", "last"]
 
@@ -91,7 +96,8 @@ async def test_non_json_output_fails_the_step_clearly(store_url: str, tmp_path: 
     (tmp_path / "c.yaml").write_text("name: c\nbudget: 2s\nsteps:\n  - {id: a, tool: 't.py:bad'}\n")
     result = await chainrt.load(tmp_path / "c.yaml").arun({}, store=store_url)
     assert result.status == "failed"
-    assert result.error is not None and "not JSON-serialisable" in result.error
+    assert result.error is not None
+    assert "not JSON-serialisable" in result.error
 
 
 async def test_resume_of_completed_run_runs_nothing(store_url: str, call_log: Path) -> None:

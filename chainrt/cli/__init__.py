@@ -17,6 +17,7 @@ from typing import Any
 
 from .._durations import parse_duration_ms
 from .._errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
+from .._progress import NO_PROGRESS, Progress
 from .._result import RunResult
 from .._runtime import open_runtime
 from ..spec import chain_json_schema, load_spec, validate_paths
@@ -49,14 +50,20 @@ def _parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="resume a run from its last checkpoint")
     resume.add_argument("run_id")
-    resume.add_argument("--budget", help="give the run this much more time (default: what it had left)")
-    resume.add_argument("--no-wait", action="store_true", help="refuse instead of waiting for a live owner's lease")
+    resume.add_argument(
+        "--budget", help="give the run this much more time (default: what it had left)"
+    )
+    resume.add_argument(
+        "--no-wait", action="store_true", help="refuse instead of waiting for a live owner's lease"
+    )
     _common(resume)
 
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument("--status", choices=["running", "completed", "partial", "rejected", "failed"])
     runs.add_argument("--limit", type=int, default=50)
-    runs.add_argument("--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)")
+    runs.add_argument(
+        "--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)"
+    )
     runs.add_argument("--json", action="store_true")
 
     inspect = sub.add_parser("inspect", help="show one run, its steps and attempts")
@@ -64,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--store")
     inspect.add_argument("--json", action="store_true")
 
-    validate = sub.add_parser("validate", help="validate chain files (or every chain in a directory)")
+    validate = sub.add_parser(
+        "validate", help="validate chain files (or every chain in a directory)"
+    )
     validate.add_argument("paths", nargs="+")
 
     sub.add_parser("schema", help="print the JSON Schema of the chain format")
@@ -72,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)")
+    parser.add_argument(
+        "--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)"
+    )
     parser.add_argument("--pool", help="worker pool YAML (default: CHAINRT_POOL)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", action="store_true", help="send OpenTelemetry traces (OTLP)")
@@ -113,18 +124,28 @@ def _emit(result: RunResult, as_json: bool) -> int:
 async def _run(args: argparse.Namespace) -> int:
     loaded = load_spec(args.chain)
     inputs = _read_input(args.input)
-    progress = LivePrinter() if not args.json else LivePrinter(out=_Null())
-    async with open_runtime(store=args.store, pool=args.pool, progress=progress, trace=args.trace) as runtime:
+    progress: Progress = NO_PROGRESS if args.json else LivePrinter()
+    async with open_runtime(
+        store=args.store, pool=args.pool, progress=progress, trace=args.trace
+    ) as runtime:
         result = await runtime.runner.run(
-            loaded.spec, inputs, source_dir=loaded.source_dir, run_id=args.run_id, budget_ms=_budget(args.budget)
+            loaded.spec,
+            inputs,
+            source_dir=loaded.source_dir,
+            run_id=args.run_id,
+            budget_ms=_budget(args.budget),
         )
     return _emit(result, args.json)
 
 
 async def _resume(args: argparse.Namespace) -> int:
-    progress = LivePrinter() if not args.json else LivePrinter(out=_Null())
-    async with open_runtime(store=args.store, pool=args.pool, progress=progress, trace=args.trace) as runtime:
-        result = await runtime.runner.resume(args.run_id, budget_ms=_budget(args.budget), wait=not args.no_wait)
+    progress: Progress = NO_PROGRESS if args.json else LivePrinter()
+    async with open_runtime(
+        store=args.store, pool=args.pool, progress=progress, trace=args.trace
+    ) as runtime:
+        result = await runtime.runner.resume(
+            args.run_id, budget_ms=_budget(args.budget), wait=not args.no_wait
+        )
     return _emit(result, args.json)
 
 
@@ -155,7 +176,9 @@ async def _inspect(args: argparse.Namespace) -> int:
     finally:
         await store.close()
     trace_id = run.trace.get("trace_id")
-    trace_url = f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}" if isinstance(trace_id, str) else None
+    trace_url = (
+        f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}" if isinstance(trace_id, str) else None
+    )
     if args.json:
         payload = RunResult.from_records(run, steps).model_dump(mode="json")
         payload["trace_url"] = trace_url
@@ -192,14 +215,6 @@ def _validate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(f"ok: {', '.join(args.paths)}")
     return EXIT_OK
-
-
-class _Null:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

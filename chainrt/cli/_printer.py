@@ -14,7 +14,14 @@ from ..store._records import RunRecord, StepRecord
 
 __all__ = ["LivePrinter", "print_inspect", "print_result", "print_runs"]
 
-_MARK = {"completed": "ok", "skipped": "--", "partial": "~~", "failed": "!!", "timed_out": "!!", "rejected": "!!"}
+_MARK = {
+    "completed": "ok",
+    "skipped": "--",
+    "partial": "~~",
+    "failed": "!!",
+    "timed_out": "!!",
+    "rejected": "!!",
+}
 
 
 class LivePrinter(Progress):
@@ -29,14 +36,20 @@ class LivePrinter(Progress):
     def run_started(self, record: RunRecord, *, resumed: bool) -> None:
         verb = "resuming" if resumed else "running"
         left = record.budget_total_ms - record.budget_used_ms
-        self._say(f"{verb} {record.chain}  run {record.run_id}  budget {format_ms(left)} left of {format_ms(record.budget_total_ms)}")
+        self._say(
+            f"{verb} {record.chain}  run {record.run_id}  budget {format_ms(left)} left of {format_ms(record.budget_total_ms)}"
+        )
 
     def step_started(self, step: StepSpec, allotted_ms: float, model: str | None) -> None:
         what = f"llm {model}" if model else step.kind
         self._say(f"  > {step.id:<16} {what:<18} allotted {format_ms(allotted_ms)}")
 
     def step_finished(self, record: StepRecord) -> None:
-        via = f"  via {record.fallback} (fallback)" if record.fallback else (f"  via {record.model}" if record.model else "")
+        via = (
+            f"  via {record.fallback} (fallback)"
+            if record.fallback
+            else (f"  via {record.model}" if record.model else "")
+        )
         why = f"  - {record.error}" if record.error and record.status != "completed" else ""
         self._say(
             f"  {_MARK.get(record.status, '??')} {record.step_id:<16} {record.status:<10} "
@@ -55,7 +68,10 @@ def _short(value: Any, width: int = 400) -> str:
 def print_result(result: RunResult, out: TextIO) -> None:
     """The summary after ``run``/``resume``."""
     used, total = result.budget.used_ms, result.budget.total_ms
-    print(f"{result.status.upper()}  {result.chain}  run {result.run_id}  used {format_ms(used)} of {format_ms(total)}", file=out)
+    print(
+        f"{result.status.upper()}  {result.chain}  run {result.run_id}  used {format_ms(used)} of {format_ms(total)}",
+        file=out,
+    )
     if result.stopped_at:
         print(f"stopped at step {result.stopped_at}: {result.error}", file=out)
     elif result.error:
@@ -78,12 +94,20 @@ def print_runs(runs: list[RunRecord], out: TextIO) -> None:
         )
 
 
-def print_inspect(run: RunRecord, steps: dict[str, StepRecord], trace_url: str | None, out: TextIO) -> None:
+def print_inspect(
+    run: RunRecord, steps: dict[str, StepRecord], trace_url: str | None, out: TextIO
+) -> None:
     """The detail view of ``chainrt inspect``."""
     print(f"run      {run.run_id}", file=out)
     print(f"chain    {run.chain}  ({run.source or 'no source dir'})", file=out)
-    print(f"status   {run.status}" + (f"  stopped at {run.stopped_at}" if run.stopped_at else ""), file=out)
-    print(f"budget   {format_ms(run.budget_used_ms)} used of {format_ms(run.budget_total_ms)}", file=out)
+    print(
+        f"status   {run.status}" + (f"  stopped at {run.stopped_at}" if run.stopped_at else ""),
+        file=out,
+    )
+    print(
+        f"budget   {format_ms(run.budget_used_ms)} used of {format_ms(run.budget_total_ms)}",
+        file=out,
+    )
     if run.owner:
         print(f"owner    {run.owner.host}:{run.owner.pid} (token {run.owner.token})", file=out)
     if run.error:
@@ -113,7 +137,10 @@ def print_inspect(run: RunRecord, steps: dict[str, StepRecord], trace_url: str |
         for attempt in rec.attempt_log:
             where = attempt.endpoint or attempt.model or "-"
             detail = f" - {attempt.detail}" if attempt.detail else ""
-            print(f"       #{attempt.attempt} {where} {attempt.status} {format_ms(attempt.elapsed_ms)}{detail}", file=out)
+            print(
+                f"       #{attempt.attempt} {where} {attempt.status} {format_ms(attempt.elapsed_ms)}{detail}",
+                file=out,
+            )
         if rec.error:
             print(f"       error: {rec.error}", file=out)
         print(f"       output: {_short(rec.output, 200)}", file=out)

@@ -17,7 +17,7 @@ from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, BackendError, ModelBackend
 from ._types import LlmAnswer, LlmCall
 
-__all__ = ["DispatchFailed", "Dispatcher", "MIN_ATTEMPT_S"]
+__all__ = ["MIN_ATTEMPT_S", "DispatchFailed", "Dispatcher"]
 
 MIN_ATTEMPT_S = 0.005
 """An attempt is not started with less time than this left."""
@@ -72,7 +72,11 @@ class Dispatcher:
             detail = "no endpoint configured" if backend is None else "no healthy endpoint"
             attempts.append(
                 AttemptRecord(
-                    attempt=len(attempts) + 1, model=model, status="skipped", elapsed_ms=0, detail=detail
+                    attempt=len(attempts) + 1,
+                    model=model,
+                    status="skipped",
+                    elapsed_ms=0,
+                    detail=detail,
                 )
             )
             return None
@@ -97,10 +101,17 @@ class Dispatcher:
             started = time.perf_counter()
             with self._hooks.span(
                 "llm.dispatch",
-                {"chainrt.model": model, "chainrt.attempt": try_no, "chainrt.step_id": call.step_id},
+                {
+                    "chainrt.model": model,
+                    "chainrt.attempt": try_no,
+                    "chainrt.step_id": call.step_id,
+                },
             ) as span:
                 try:
-                    got = await _bounded(backend.complete(call, model, max_tokens, attempt_deadline), attempt_deadline)
+                    got = await _bounded(
+                        backend.complete(call, model, max_tokens, attempt_deadline),
+                        attempt_deadline,
+                    )
                     _check_answer(call, got)
                 except BackendError as exc:
                     span.error(exc)
@@ -128,7 +139,12 @@ class Dispatcher:
                     backoff_s *= 2
                     continue
                 elapsed = (time.perf_counter() - started) * 1000
-                span.set(**{"gen_ai.usage.input_tokens": got.prompt_tokens, "gen_ai.usage.output_tokens": got.completion_tokens})
+                span.set(
+                    **{
+                        "gen_ai.usage.input_tokens": got.prompt_tokens,
+                        "gen_ai.usage.output_tokens": got.completion_tokens,
+                    }
+                )
             attempts.append(
                 AttemptRecord(
                     attempt=len(attempts) + 1,
@@ -162,13 +178,18 @@ async def _bounded(awaitable: object, deadline: float) -> BackendAnswer:
         # A little slack: backends stop themselves at the deadline and return partial text.
         return await asyncio.wait_for(awaitable, timeout=max(deadline - time.time(), 0) + 0.05)
     except TimeoutError:
-        raise BackendError("attempt ran past the deadline", error_class="timeout", retryable=False) from None
+        raise BackendError(
+            "attempt ran past the deadline", error_class="timeout", retryable=False
+        ) from None
 
 
 def _check_answer(call: LlmCall, got: BackendAnswer) -> None:
     if got.finish_reason == "deadline" and not call.keep_partial:
         raise BackendError(
-            "generation cut off by the deadline", error_class="timeout", retryable=False, endpoint=got.endpoint
+            "generation cut off by the deadline",
+            error_class="timeout",
+            retryable=False,
+            endpoint=got.endpoint,
         )
     if call.json_output and got.finish_reason != "deadline":
         try:

@@ -18,7 +18,9 @@ def _path() -> Path:
     return Path(os.environ.get("SUPPORT_MEMORY_FILE", ".chainrt/memory.jsonl"))
 
 
-def remember(user_id: str, session_id: str, question: str, answer: Any, ctx: StepContext) -> dict[str, Any]:
+def remember(
+    user_id: str, session_id: str, question: str, answer: Any, ctx: StepContext
+) -> dict[str, Any]:
     """Append the exchange unless this step of this run already did."""
     path = _path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,7 +33,13 @@ def remember(user_id: str, session_id: str, question: str, answer: Any, ctx: Ste
                     continue  # a torn last line from a crash is not ours to repair
                 if seen == ctx.idempotency_key:
                     return {"stored": False, "reason": "already stored", "key": ctx.idempotency_key}
-    entry = {"key": ctx.idempotency_key, "user": user_id, "session": session_id, "q": question, "a": answer}
+    entry = {
+        "key": ctx.idempotency_key,
+        "user": user_id,
+        "session": session_id,
+        "q": question,
+        "a": answer,
+    }
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
     return {"stored": True, "key": ctx.idempotency_key}

@@ -16,7 +16,9 @@ def _log(name: str, **extra: Any) -> None:
     path = os.environ.get("CHAINRT_TEST_LOG")
     if path:
         with Path(path).open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"tool": name, "pid": os.getpid(), "t": time.time(), **extra}) + "\n")
+            fh.write(
+                json.dumps({"tool": name, "pid": os.getpid(), "t": time.time(), **extra}) + "\n"
+            )
 
 
 def record(name: str, sleep_s: float = 0.0, value: Any = None) -> dict[str, Any]:
