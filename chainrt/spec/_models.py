@@ -93,11 +93,14 @@ class _Strict(BaseModel):
 class ConcurrencyKeySpec(_Strict):
     """A semantic concurrency key: at most ``limit`` holders of the rendered ``key`` at once."""
 
-    key: str = Field(min_length=1, description="Template of the key, e.g. 'user:{{ input.user_id }}'.")
+    key: str = Field(
+        min_length=1, description="Template of the key, e.g. 'user:{{ input.user_id }}'."
+    )
     limit: int = Field(default=1, ge=1, le=1_000_000, description="Concurrent holders allowed.")
     rate: str | None = Field(
         default=None,
-        description="Optional rate limit on acquisitions, e.g. '5/s' or '100/m' (GCRA, bursts allowed).",
+        description="Optional rate limit on acquisitions, e.g. '5/s' or '100/m' "
+        "(GCRA, bursts allowed).",
     )
     burst: int | None = Field(
         default=None, ge=1, description="Acquisitions allowed in a burst under `rate` (default: 1)."
@@ -124,7 +127,9 @@ class RetrySpec(_Strict):
     """How often a step is tried, and how long to wait between tries (all inside its allotment)."""
 
     attempts: int = Field(default=1, ge=1, le=100, description="Total tries, the first included.")
-    backoff: DurationMs = Field(default=100.0, description="Wait before the 2nd try; doubles after.")
+    backoff: DurationMs = Field(
+        default=100.0, description="Wait before the 2nd try; doubles after."
+    )
     max_backoff: DurationMs = Field(default=5000.0, description="Upper bound of one wait.")
 
 
