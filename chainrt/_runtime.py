@@ -72,7 +72,7 @@ async def open_runtime(
         owned.append(store_obj)
     else:
         store_obj = store
-        store_url = getattr(store, "raw_url", None) or store.url
+        store_url = store.raw_url
     if isinstance(pool, Dispatcher):
         dispatcher = pool
     else:

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from chainrt.testing.redis_server import RedisServer
+pytest.register_assert_rewrite("chainrt.testing")
+
+from chainrt.testing.redis_server import RedisServer  # noqa: E402  (after assert rewrite)
 
 
 @pytest.fixture(scope="session")
@@ -18,14 +20,14 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
+def redis_url(redis_server: RedisServer) -> str:
     """URL of the session's redis-server, flushed before each test."""
     import redis
 
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
     client.close()
-    yield redis_server.url
+    return redis_server.url
 
 
 @pytest.fixture

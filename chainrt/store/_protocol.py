@@ -8,6 +8,8 @@ unchanged. The invariants the runner relies on:
 * ``claim`` is a compare-and-set on the fencing token: it succeeds only if the run's token is
   still ``expected_token``, and then bumps it, so two processes can never both own a run.
 * Records are JSON; a record that does not parse raises :class:`CorruptRecord`, never loads half.
+* Every write is safe to send twice: an identical ``create_run`` or ``claim`` retry succeeds, and
+  ``commit`` is idempotent for the same token and content (retries after a lost reply).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class CheckpointStore(abc.ABC):
 
     url: str
     """The store's URL with any password removed (safe to print)."""
+
+    raw_url: str
+    """The URL as given, password included (to open a limiter on the same server)."""
 
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 

@@ -1,0 +1,462 @@
+"""The production checkpoint store: Redis (or Valkey), shared by every runner process and host.
+
+A run is two keys in one Cluster slot (see ``_keys``): a hash with the run's parts and a hash of
+its step records. ``create_run``, ``commit``, ``claim`` and ``renew`` are Lua scripts: each
+checks the fencing token inside Redis and writes everything it writes atomically, in one round
+trip. Every script is safe to send twice (a retry after a lost reply finds its own write and
+succeeds), so transient connection errors are retried here, within ``retry_for_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
+
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random
+
+from .._errors import CheckpointError, CorruptRecord, StoreUnavailable
+from .._settings import get_settings
+from ._codec import (
+    FINAL_STATUSES,
+    assemble_run,
+    check_owner,
+    decode_progress,
+    decode_run,
+    decode_step,
+    encode,
+    encode_trace,
+    fenced,
+    finished,
+    no_lease,
+    not_found,
+)
+from ._keys import SCRIPTS, StoreKeys, check_run_id
+from ._keys import RunFields as F
+from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
+from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+from ._url import check_redis_url, redact_url
+
+__all__ = ["RedisStore"]
+
+logger = logging.getLogger("chainrt.store")
+
+_T = TypeVar("_T")
+
+# Errors after which the same command may well succeed a moment later (a restart, a failover,
+# a dataset still loading). AuthenticationError is a ConnectionError too, but never transient.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    rx.ConnectionError,
+    rx.TimeoutError,
+    rx.ReadOnlyError,
+    rx.TryAgainError,
+    rx.ClusterDownError,
+    TimeoutError,
+    OSError,
+)
+_AUTH: tuple[type[BaseException], ...] = (rx.AuthenticationError, rx.AuthorizationError)
+_SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most this often
+_SWEEP_BATCH = 500
+
+
+class RedisStore(CheckpointStore):
+    """Checkpoint store in Redis: ``redis://[:password@]host:port/db`` or ``rediss://`` (TLS).
+
+    Nothing connects until the first call. ``retry_for_s`` bounds how long one call retries
+    transient errors (a restart, a failover) before raising StoreUnavailable;
+    ``socket_timeout_s`` bounds one round trip. ``record_ttl_s`` (default
+    ``CHAINRT_RECORD_TTL_S``) is how long a finished run's keys live.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        record_ttl_s: float | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        retry_for_s: float = 2.0,
+        socket_timeout_s: float = 2.0,
+        key_prefix: str = "chainrt",
+    ) -> None:
+        self.raw_url = url
+        self.url = redact_url(url)
+        check_redis_url(url)
+        self.record_ttl_s = record_ttl_s if record_ttl_s is not None else _default_ttl()
+        self.max_record_bytes = max_record_bytes
+        self.retry_for_s = retry_for_s
+        self.keys = StoreKeys(key_prefix)
+        self._ttl_ms = str(max(1, round(self.record_ttl_s * 1000)))
+        self._last_sweep = 0.0
+        self._socket_timeout_s = socket_timeout_s
+        self._redis = self._new_client()  # no I/O yet; parses (and so checks) the URL now
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    async def create_run(self, run: RunRecord) -> None:
+        """Insert a new run (with its owner lease). CheckpointError if the id exists."""
+        run_id = check_run_id(run.run_id)
+        check_owner(run)
+        data = encode(run, limit=self.max_record_bytes, what=f"run {run_id!r}")
+        owner = run.owner
+        args: list[str | bytes] = [
+            run_id,
+            data,
+            run.status,
+            str(run.fencing_token),
+            repr(run.created_at),
+            repr(run.updated_at),
+            "1" if owner else "0",
+            owner.host if owner else "",
+            str(owner.pid) if owner else "",
+            repr(owner.expires_at) if owner else "",
+            self._ttl_ms if run.status in FINAL_STATUSES else "0",
+        ]
+        keys = [self.keys.run(run_id), self.keys.steps(run_id), self.keys.index]
+        reply = await self._script("create", keys, args)
+        if reply[0] != 0:
+            raise CheckpointError(
+                f"run {run_id!r} already exists in {self.url}; choose another run id, "
+                "or resume that run"
+            )
+        if time.time() - self._last_sweep > _SWEEP_EVERY_S:
+            await self._sweep_index()
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """Load a run. RunNotFound if absent (or expired), CorruptRecord if unreadable."""
+        key = self.keys.run(run_id)
+        fields = await self._call(lambda: self._hgetall(key), key=key)
+        if not fields:
+            raise not_found(run_id, self.url)
+        return self._assemble(run_id, key, fields)
+
+    async def get_steps(self, run_id: str) -> dict[str, StepRecord]:
+        """All step records of a run, by step id. RunNotFound if the run is absent."""
+        run_key, steps_key = self.keys.run(run_id), self.keys.steps(run_id)
+
+        async def read() -> list[Any]:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.exists(run_key)
+                pipe.hgetall(steps_key)
+                result: list[Any] = await pipe.execute()
+                return result
+
+        exists, raw_steps = await self._call(read, key=steps_key)
+        if not exists:
+            raise not_found(run_id, self.url)
+        where = f"{self.url} key {steps_key}"
+        steps = {}
+        for raw_id, raw in raw_steps.items():
+            step_id = raw_id.decode(errors="replace")
+            steps[step_id] = decode_step(raw, run_id=run_id, step_id=step_id, where=where)
+        return steps
+
+    async def commit(
+        self, run_id: str, token: int, progress: RunProgress, step: StepRecord | None = None
+    ) -> None:
+        """Write ``step`` (if any) and ``progress`` atomically, in one round trip."""
+        check_run_id(run_id)
+        limit = self.max_record_bytes
+        progress_data = encode(progress, limit=limit, what=f"progress of run {run_id!r}")
+        step_data = b""
+        if step is not None:
+            what = f"step {step.step_id!r} of run {run_id!r}"
+            step_data = encode(step, limit=limit, what=what)
+        args: list[str | bytes] = [
+            str(token),
+            progress.status,
+            progress_data,
+            repr(time.time()),
+            "" if progress.budget_total_ms is None else repr(progress.budget_total_ms),
+            b"" if progress.trace is None else encode_trace(progress.trace),
+            "1" if progress.release_owner else "0",
+            "0" if step is None else "1",
+            "" if step is None else step.step_id,
+            step_data,
+            self._ttl_ms if progress.status in FINAL_STATUSES else "0",
+        ]
+        reply = await self._script("commit", [self.keys.run(run_id), self.keys.steps(run_id)], args)
+        self._check(reply, run_id, token, action="commit")
+
+    async def claim(self, run_id: str, expected_token: int, owner: OwnerLease) -> int:
+        """Compare-and-set the fencing token; the new token is ``expected_token + 1``."""
+        check_run_id(run_id)
+        new_token = expected_token + 1
+        args = [
+            str(expected_token),
+            str(new_token),
+            owner.host,
+            str(owner.pid),
+            repr(owner.expires_at),
+            repr(time.time()),
+        ]
+        reply = await self._script("claim", [self.keys.run(run_id), self.keys.steps(run_id)], args)
+        self._check(reply, run_id, expected_token, action="claim")
+        owner.token = new_token
+        return new_token
+
+    async def renew(self, run_id: str, token: int, expires_at: float) -> None:
+        """Extend the owner lease to ``expires_at``; FencedOut if ``token`` is stale."""
+        reply = await self._script("renew", [self.keys.run(run_id)], [str(token), repr(expires_at)])
+        self._check(reply, run_id, token, action="renew")
+
+    async def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped.
+
+        Walks the index newest first in pages; index entries whose run has expired are
+        dropped from the index on the way.
+        """
+        if limit < 0:
+            raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
+        if time.time() - self._last_sweep > _SWEEP_EVERY_S:
+            await self._sweep_index()
+        page = limit if status is None else max(limit, 100)
+        wanted = None if status is None else status.encode()
+        runs: list[RunRecord] = []
+        stale: list[bytes] = []
+        start = 0
+        while len(runs) < limit:
+            ids = await self._index_page(start, page)
+            if not ids:
+                break
+            start += page
+            if wanted is not None:
+                # Statuses first: only the matching runs' full records cross the wire.
+                found = await self._pipelined(ids, lambda pipe, key: pipe.hget(key, F.STATUS))
+                stale += [rid for rid, st in zip(ids, found, strict=True) if st is None]
+                ids = [rid for rid, st in zip(ids, found, strict=True) if st == wanted]
+                ids = ids[: limit - len(runs)]
+            records = await self._pipelined(ids, lambda pipe, key: pipe.hgetall(key))
+            for raw_id, fields in zip(ids, records, strict=True):
+                run_id = raw_id.decode(errors="replace")
+                if not fields:
+                    stale.append(raw_id)
+                    continue
+                try:
+                    if isinstance(fields, Exception):
+                        raise CorruptRecord(f"the run key cannot be read: {_one_line(fields)}")
+                    runs.append(self._assemble(run_id, self.keys.run(run_id), fields))
+                except CheckpointError as exc:
+                    logger.warning("list_runs skips run %r: %s", run_id, exc)
+        if stale:
+            await self._call(lambda: self._client.zrem(self.keys.index, *stale))
+        return runs[:limit]
+
+    async def close(self) -> None:
+        """Close the connection pool; the store is unusable afterwards."""
+        self._closed = True
+        if self._loop is asyncio.get_running_loop():
+            await self._redis.aclose()
+        else:  # its loop is gone: nothing can be awaited there; let the collector have it
+            self._redis = self._new_client()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _new_client(self) -> aioredis.Redis:
+        try:
+            # redis-py's own retries are off: _call retries with one deadline for the whole call.
+            client = aioredis.Redis.from_url(
+                self.raw_url,
+                retry=Retry(NoBackoff(), 0),
+                socket_timeout=self._socket_timeout_s,
+                socket_connect_timeout=min(self._socket_timeout_s, 1.0),
+            )
+            # Builds (does not connect) one connection: an unknown ?option fails here, now,
+            # rather than as a TypeError at the first commit.
+            client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"invalid Redis store URL {self.url!r}: {exc}") from None
+        return client
+
+    @property
+    def _client(self) -> aioredis.Redis:
+        """The client of the running event loop."""
+        if self._closed:
+            raise CheckpointError(f"the store {self.url} is closed")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Connections belong to the loop that opened them. A store used from a new loop
+            # (the sync API runs one asyncio.run per call) gets a fresh pool; the old loop is
+            # gone, so its sockets are left to the garbage collector.
+            if self._loop is not None:
+                self._redis = self._new_client()
+            self._loop = loop
+        return self._redis
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        script = SCRIPTS[name]
+
+        async def run() -> Any:
+            try:
+                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            except rx.NoScriptError:
+                # The server lost its script cache (restart, failover): NOSCRIPT means the
+                # script did not run, so loading it and sending again is safe.
+                await self._client.script_load(script.source)
+                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+
+        return await self._call(run, key=keys[0])
+
+    async def _call(self, fn: Callable[[], Awaitable[_T]], *, key: str = "") -> _T:
+        """Run ``fn``; retry transient errors until ``retry_for_s`` passes; map the errors."""
+        try:
+            try:
+                return await fn()
+            except _AUTH:
+                raise
+            except _TRANSIENT:
+                if self.retry_for_s <= 0:
+                    raise
+            # The slow path: only entered after a failure, so the fast path pays nothing.
+            retrying = AsyncRetrying(
+                stop=stop_after_delay(self.retry_for_s),
+                wait=wait_random(0.02, 0.1),
+                retry=retry_if_exception(_is_transient),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    return await fn()
+            raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        except _AUTH as exc:
+            raise StoreUnavailable(
+                f"cannot log in to the Redis store {self.url}: {_one_line(exc)}; check the "
+                "password (and user) in the store URL",
+                retryable=False,
+            ) from None
+        except _TRANSIENT as exc:
+            raise StoreUnavailable(
+                f"the Redis store {self.url} is unreachable ({_one_line(exc)}); gave up after "
+                f"{self.retry_for_s:g}s of retries. Check that Redis is up, then try again"
+            ) from None
+        except rx.ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):
+                raise CorruptRecord(
+                    f"the key {key} in {self.url} holds another type of value than a "
+                    "checkpoint store writes; something else wrote to it. Delete it or use "
+                    "another key prefix"
+                ) from None
+            raise CheckpointError(
+                f"the Redis store {self.url} refused a command: {_one_line(exc)}"
+            ) from None
+
+    def _check(self, reply: list[Any], run_id: str, token: int, *, action: str) -> None:
+        code = reply[0]
+        if code == 0:
+            return
+        if code == -1:
+            raise not_found(run_id, self.url)
+        if code == -2:
+            raise fenced(run_id, token, int(reply[1]), action=action)
+        if code == -3:
+            raise finished(run_id, reply[1].decode())
+        if code == -4:
+            raise no_lease(run_id)
+        raise CheckpointError(f"the Redis store {self.url} gave an unexpected reply {reply!r}")
+
+    async def _hgetall(self, key: str) -> dict[bytes, bytes]:
+        return cast(dict[bytes, bytes], await self._client.hgetall(key))
+
+    async def _index_page(self, start: int, size: int) -> list[bytes]:
+        """Run ids of the index from ``start`` (0 = newest), at most ``size`` of them."""
+        index = self.keys.index
+        ids = await self._call(lambda: self._client.zrevrange(index, start, start + size - 1))
+        return cast(list[bytes], ids)
+
+    async def _pipelined(
+        self, ids: list[bytes], command: Callable[[Any, str], object]
+    ) -> list[Any]:
+        """``command(pipe, run_key)`` for each run id, in one round trip; errors come back as
+        exception objects in place (one bad key must not hide the other runs)."""
+
+        async def read() -> list[Any]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for raw_id in ids:
+                    command(pipe, self.keys.run(raw_id.decode(errors="replace")))
+                result: list[Any] = await pipe.execute(raise_on_error=False)
+                return result
+
+        return await self._call(read) if ids else []
+
+    async def _sweep_index(self) -> None:
+        """Drop index entries of runs created long ago whose keys have expired (best effort)."""
+        self._last_sweep = now = time.time()
+        index = self.keys.index
+        old = cast(
+            list[bytes],
+            await self._call(
+                lambda: self._client.zrangebyscore(
+                    index, "-inf", now - self.record_ttl_s, start=0, num=_SWEEP_BATCH
+                )
+            ),
+        )
+        if old:
+            found = await self._pipelined(old, lambda pipe, key: pipe.exists(key))
+            gone = [rid for rid, exists in zip(old, found, strict=True) if exists == 0]
+            if gone:
+                await self._call(lambda: self._client.zrem(index, *gone))
+
+    def _assemble(self, run_id: str, key: str, fields: dict[bytes, bytes]) -> RunRecord:
+        where = f"{self.url} key {key}"
+
+        def get(name: str) -> bytes | None:
+            return fields.get(name.encode())
+
+        try:
+            raw, token, status = get(F.RECORD), get(F.TOKEN), get(F.STATUS)
+            if raw is None or token is None or status is None:
+                raise ValueError("the record, token or status field is missing")
+            raw_progress, host, pid, expires = (
+                get(F.PROGRESS),
+                get(F.OWNER_HOST),
+                get(F.OWNER_PID),
+                get(F.OWNER_EXPIRES_AT),
+            )
+            updated_at, budget_total = get(F.UPDATED_AT), get(F.BUDGET_TOTAL_MS)
+            token_value = int(token)
+            pid_value = None if pid is None else int(pid)
+            expires_value = None if expires is None else float(expires)
+            updated_value = time.time() if updated_at is None else float(updated_at)
+            budget_value = None if budget_total is None else float(budget_total)
+        except ValueError as exc:
+            raise CorruptRecord(
+                f"the stored run {run_id!r} at {where} is not a valid record ({exc}); nothing "
+                "was loaded from it. Inspect or delete that key."
+            ) from None
+        base = decode_run(raw, run_id=run_id, where=where)
+        progress = None
+        if raw_progress is not None:
+            progress = decode_progress(raw_progress, run_id=run_id, where=where)
+        return assemble_run(
+            base,
+            status=status.decode(errors="replace"),
+            token=token_value,
+            progress=progress,
+            owner_host=None if host is None else host.decode(errors="replace"),
+            owner_pid=pid_value,
+            owner_expires_at=expires_value,
+            updated_at=updated_value,
+            budget_total_ms=budget_value,
+            trace=get(F.TRACE),
+            where=where,
+        )
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, _AUTH)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+def _default_ttl() -> float:
+    return get_settings().record_ttl_s

@@ -1,0 +1,505 @@
+"""The embedded checkpoint store: one SQLite file (WAL), zero set-up (DESIGN §4).
+
+One connection is used directly on the event loop: a commit is a few tens of microseconds of
+SQLite work, far cheaper than a hop to a thread. WAL mode with ``synchronous=NORMAL`` keeps a
+commit to one append to the write-ahead log; a killed process loses nothing that was committed
+and never leaves a half-written transaction (SQLite rolls it back on the next open). Only the
+periodic checkpoint (log -> database file, with an fsync) runs on a small thread of its own, so
+it never stalls the loop. Several processes may share the file: writers queue on SQLite's lock
+for up to ``busy_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._errors import CheckpointError, RunNotFound, StoreUnavailable
+from .._settings import get_settings
+from ._codec import (
+    FINAL_STATUSES,
+    assemble_run,
+    check_owner,
+    decode_progress,
+    decode_run,
+    decode_step,
+    encode,
+    encode_trace,
+    fenced,
+    finished,
+    no_lease,
+    not_found,
+)
+from ._keys import check_run_id
+from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
+from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+
+__all__ = ["SQLiteStore"]
+
+logger = logging.getLogger("chainrt.store")
+
+_LAYOUT_VERSION = 1  # PRAGMA user_version of the tables below
+_PURGE_EVERY_S = 60.0  # create_run purges expired runs at most this often
+_CHECKPOINT_EVERY = 256  # write transactions between two background checkpoints
+_BACKSTOP_CHECKPOINT_PAGES = 16_000  # inline checkpoint only if the thread falls far behind
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    record TEXT NOT NULL,           -- RunRecord JSON as created (spec, input, budget ...)
+    progress TEXT,                  -- RunProgress JSON of the latest commit
+    owner_host TEXT,
+    owner_pid INTEGER,
+    owner_expires_at REAL,
+    budget_total_ms REAL,           -- set by a commit that gives a new budget, else NULL
+    trace TEXT,                     -- set by a commit that gives new trace ids, else NULL
+    expires_at REAL                 -- set once the run is final: purged after this
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC, run_id DESC);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC, run_id DESC);
+CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL,
+    step_id TEXT NOT NULL,
+    record TEXT NOT NULL,           -- StepRecord JSON
+    PRIMARY KEY (run_id, step_id)
+) WITHOUT ROWID;
+"""
+
+# Every query spells out "(expires_at IS NULL OR expires_at > ?)": a run past its TTL is gone
+# for readers at once, whether or not a purge has deleted its rows yet.
+_SELECT_RUN = (
+    "SELECT run_id, status, fencing_token, record, progress, owner_host, owner_pid, "
+    "owner_expires_at, updated_at, budget_total_ms, trace FROM runs "
+)
+_GET_RUN_SQL = _SELECT_RUN + "WHERE run_id = ? AND (expires_at IS NULL OR expires_at > ?)"
+_LIST_SQL = (
+    _SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) "
+    "ORDER BY created_at DESC, run_id DESC LIMIT ?"
+)
+_LIST_STATUS_SQL = (
+    _SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) AND status = ? "
+    "ORDER BY created_at DESC, run_id DESC LIMIT ?"
+)
+_COMMIT_SQL = (
+    "UPDATE runs SET status = ?, progress = ?, updated_at = ?, expires_at = ?, "
+    "budget_total_ms = coalesce(?, budget_total_ms), trace = coalesce(?, trace), "
+    "owner_host = CASE WHEN ? THEN NULL ELSE owner_host END, "
+    "owner_pid = CASE WHEN ? THEN NULL ELSE owner_pid END, "
+    "owner_expires_at = CASE WHEN ? THEN NULL ELSE owner_expires_at END "
+    "WHERE run_id = ? AND fencing_token = ? AND (expires_at IS NULL OR expires_at > ?)"
+)
+# At most 1000 runs per purge keeps one purge short on the event loop.
+_PURGE_STEPS_SQL = (
+    "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)"
+)
+_PURGE_RUNS_SQL = (
+    "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)"
+)
+_UPSERT_STEP_SQL = (
+    "INSERT INTO steps (run_id, step_id, record) VALUES (?, ?, ?) "
+    "ON CONFLICT (run_id, step_id) DO UPDATE SET record = excluded.record"
+)
+
+
+class SQLiteStore(CheckpointStore):
+    """Checkpoint store in one SQLite file; ``path=None`` keeps it in memory (tests).
+
+    ``record_ttl_s`` (default: ``CHAINRT_RECORD_TTL_S``) is how long a finished run is kept;
+    running runs never expire. ``busy_timeout_s`` bounds the wait for another process's write.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        record_ttl_s: float | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        busy_timeout_s: float = 5.0,
+    ) -> None:
+        self.path = None if path is None else Path(path)
+        self.url = "sqlite:///:memory:" if self.path is None else f"sqlite:///{self.path}"
+        self.raw_url = self.url  # no secrets in a SQLite URL
+        self.record_ttl_s = record_ttl_s if record_ttl_s is not None else _default_ttl()
+        self.max_record_bytes = max_record_bytes
+        self._busy_timeout_s = busy_timeout_s
+        # The connection may be used from another thread than the one that opened it (a sync
+        # wrapper running its own loop); the lock keeps each operation's transaction whole.
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._checkpointer: _Checkpointer | None = None
+        self._last_purge = 0.0
+        self._conn = self._open()
+        if self.path is not None:
+            self._checkpointer = _Checkpointer(self.path)
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    async def create_run(self, run: RunRecord) -> None:
+        """Insert a new run (with its owner lease). CheckpointError if the id exists."""
+        run_id = check_run_id(run.run_id)
+        check_owner(run)
+        data = encode(run, limit=self.max_record_bytes, what=f"run {run_id!r}").decode()
+        now = time.time()
+        owner = run.owner
+        expires_at = now + self.record_ttl_s if run.status in FINAL_STATUSES else None
+        with self._transaction() as conn:
+            # A run past its TTL but not purged yet must not block a new run of the same id.
+            conn.execute(
+                "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
+                "AND expires_at <= ?)",
+                (run_id, now),
+            )
+            conn.execute("DELETE FROM runs WHERE run_id = ? AND expires_at <= ?", (run_id, now))
+            try:
+                conn.execute(
+                    "INSERT INTO runs (run_id, status, created_at, updated_at, fencing_token, "
+                    "record, progress, owner_host, owner_pid, owner_expires_at, expires_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                    (
+                        run_id,
+                        run.status,
+                        run.created_at,
+                        run.updated_at,
+                        run.fencing_token,
+                        data,
+                        owner.host if owner else None,
+                        owner.pid if owner else None,
+                        owner.expires_at if owner else None,
+                        expires_at,
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                stored = conn.execute(
+                    "SELECT record FROM runs WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                if stored is not None and stored[0] == data:
+                    return  # the very same create sent again (a retry): already done
+                raise CheckpointError(
+                    f"run {run_id!r} already exists in {self.url}; choose another run id, "
+                    "or resume that run"
+                ) from None
+        if now - self._last_purge > _PURGE_EVERY_S:
+            self._purge()
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """Load a run. RunNotFound if absent (or expired), CorruptRecord if unreadable."""
+        with self._transaction(write=False) as conn:
+            row = conn.execute(_GET_RUN_SQL, (check_run_id(run_id), time.time())).fetchone()
+        if row is None:
+            raise self._not_found(run_id)
+        return self._assemble(row)
+
+    async def get_steps(self, run_id: str) -> dict[str, StepRecord]:
+        """All step records of a run, by step id. RunNotFound if the run is absent."""
+        with self._transaction(write=False) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ? AND (expires_at IS NULL OR expires_at > ?)",
+                (check_run_id(run_id), time.time()),
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT step_id, record FROM steps WHERE run_id = ?", (run_id,)
+            ).fetchall()
+        if found is None:
+            raise self._not_found(run_id)
+        where = f"{self.url} table steps"
+        return {
+            step_id: decode_step(raw, run_id=run_id, step_id=step_id, where=where)
+            for step_id, raw in rows
+        }
+
+    async def commit(
+        self, run_id: str, token: int, progress: RunProgress, step: StepRecord | None = None
+    ) -> None:
+        """Write ``step`` (if any) and ``progress`` in one transaction; FencedOut if stale."""
+        check_run_id(run_id)
+        limit = self.max_record_bytes
+        progress_data = encode(progress, limit=limit, what=f"progress of run {run_id!r}")
+        step_data = None
+        if step is not None:
+            what = f"step {step.step_id!r} of run {run_id!r}"
+            step_data = encode(step, limit=limit, what=what).decode()
+        trace = None if progress.trace is None else encode_trace(progress.trace).decode()
+        now = time.time()
+        expires_at = now + self.record_ttl_s if progress.status in FINAL_STATUSES else None
+        release = progress.release_owner
+        with self._transaction() as conn:
+            cursor = conn.execute(
+                _COMMIT_SQL,
+                (
+                    progress.status,
+                    progress_data.decode(),
+                    now,
+                    expires_at,
+                    progress.budget_total_ms,
+                    trace,
+                    release,
+                    release,
+                    release,
+                    run_id,
+                    token,
+                    now,
+                ),
+            )
+            if cursor.rowcount == 0:
+                raise self._why_not_written(conn, run_id, token, now)
+            if step is not None:
+                conn.execute(_UPSERT_STEP_SQL, (run_id, step.step_id, step_data))
+
+    async def claim(self, run_id: str, expected_token: int, owner: OwnerLease) -> int:
+        """Compare-and-set the fencing token; the new token is ``expected_token + 1``."""
+        check_run_id(run_id)
+        new_token = expected_token + 1
+        now = time.time()
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT status, fencing_token FROM runs "
+                "WHERE run_id = ? AND (expires_at IS NULL OR expires_at > ?)",
+                (run_id, now),
+            ).fetchone()
+            if row is None:
+                raise self._not_found(run_id)
+            status, current = row
+            if status == "completed":
+                raise finished(run_id, status)
+            if current != expected_token:
+                raise fenced(run_id, expected_token, current, action="claim")
+            conn.execute(
+                "UPDATE runs SET fencing_token = ?, owner_host = ?, owner_pid = ?, "
+                "owner_expires_at = ?, updated_at = ?, status = 'running', expires_at = NULL "
+                "WHERE run_id = ?",
+                (new_token, owner.host, owner.pid, owner.expires_at, now, run_id),
+            )
+        owner.token = new_token
+        return new_token
+
+    async def renew(self, run_id: str, token: int, expires_at: float) -> None:
+        """Extend the owner lease to ``expires_at``; FencedOut if ``token`` is stale."""
+        check_run_id(run_id)
+        now = time.time()
+        with self._transaction() as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET owner_expires_at = ? WHERE run_id = ? AND fencing_token = ? "
+                "AND owner_host IS NOT NULL AND (expires_at IS NULL OR expires_at > ?)",
+                (expires_at, run_id, token, now),
+            )
+            if cursor.rowcount == 0:
+                raise self._why_not_written(conn, run_id, token, now, renewing=True)
+
+    async def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped."""
+        if limit < 0:
+            raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
+        self._purge()
+        now = time.time()
+        with self._transaction(write=False) as conn:
+            if status is None:
+                rows = conn.execute(_LIST_SQL, (now, limit)).fetchall()
+            else:
+                rows = conn.execute(_LIST_STATUS_SQL, (now, status, limit)).fetchall()
+        runs = []
+        for row in rows:
+            try:
+                runs.append(self._assemble(row))
+            except CheckpointError as exc:
+                logger.warning("list_runs skips run %r: %s", row[0], exc)
+        return runs
+
+    async def close(self) -> None:
+        """Close the connection; the store is unusable afterwards."""
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        target = ":memory:" if self.path is None else str(self.path)
+        try:
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves, nothing implicit.
+            conn = sqlite3.connect(
+                target, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreUnavailable(
+                f"cannot open the SQLite checkpoint store {self.url}: {exc}; check that the "
+                "directory exists and is writable",
+                retryable=False,
+            ) from None
+        self._conn = conn
+        with self._guard():
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            # Checkpoints run on the _Checkpointer's thread; this is only the backstop.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {_BACKSTOP_CHECKPOINT_PAGES}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > _LAYOUT_VERSION:
+                conn.close()
+                raise CheckpointError(
+                    f"the SQLite store {self.url} was created by a newer chainrt (table layout "
+                    f"{version}, this one knows {_LAYOUT_VERSION}); upgrade chainrt"
+                )
+            conn.executescript(f"BEGIN;{_SCHEMA}PRAGMA user_version = {_LAYOUT_VERSION};COMMIT;")
+        self._purge()
+        return conn
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn sqlite3 errors into chainrt errors naming the store."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise StoreUnavailable(
+                    f"the SQLite store {self.url} stayed locked by another process for "
+                    f"{self._busy_timeout_s:g}s ({text}); try again",
+                    retryable=True,
+                ) from None
+            raise StoreUnavailable(
+                f"the SQLite store {self.url} failed: {text}", retryable=False
+            ) from None
+        except sqlite3.Error as exc:
+            raise CheckpointError(
+                f"the SQLite store {self.url} is not usable: {exc}; move the file aside and "
+                "start a new store"
+            ) from None
+
+    @contextmanager
+    def _transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction (IMMEDIATE for writes: take the write lock before reading)."""
+        with self._lock, self._guard():
+            conn = self._conn
+            if conn is None:
+                raise CheckpointError(f"the store {self.url} is closed")
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+                if write and self._checkpointer is not None:
+                    self._checkpointer.wrote()
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+
+    def _purge(self) -> None:
+        """Delete runs (and their steps) whose TTL has passed; running runs never expire."""
+        now = time.time()
+        self._last_purge = now
+        with self._transaction() as conn:
+            conn.execute(_PURGE_STEPS_SQL, (now,))
+            conn.execute(_PURGE_RUNS_SQL, (now,))
+
+    def _assemble(self, row: tuple[Any, ...]) -> RunRecord:
+        run_id, status, token, raw, raw_progress, host, pid, owner_expires_at, updated_at = row[:9]
+        where = f"{self.url} table runs"
+        base = decode_run(raw, run_id=run_id, where=where)
+        progress = None
+        if raw_progress is not None:
+            progress = decode_progress(raw_progress, run_id=run_id, where=where)
+        return assemble_run(
+            base,
+            status=status,
+            token=token,
+            progress=progress,
+            owner_host=host,
+            owner_pid=pid,
+            owner_expires_at=owner_expires_at,
+            updated_at=updated_at,
+            budget_total_ms=row[9],
+            trace=row[10],
+            where=where,
+        )
+
+    def _why_not_written(
+        self, conn: sqlite3.Connection, run_id: str, token: int, now: float, renewing: bool = False
+    ) -> CheckpointError:
+        row = conn.execute(
+            "SELECT fencing_token FROM runs "
+            "WHERE run_id = ? AND (expires_at IS NULL OR expires_at > ?)",
+            (run_id, now),
+        ).fetchone()
+        if row is None:
+            return self._not_found(run_id)
+        if row[0] != token:
+            return fenced(run_id, token, row[0], action="renew" if renewing else "commit")
+        return no_lease(run_id)
+
+    def _not_found(self, run_id: str) -> RunNotFound:
+        return not_found(run_id, self.url)
+
+
+def _default_ttl() -> float:
+    return get_settings().record_ttl_s
+
+
+class _Checkpointer:
+    """Copies the write-ahead log into the database file, on a thread of its own.
+
+    A checkpoint fsyncs. Run inline (SQLite's autocheckpoint) it stalls the committing call, and
+    with it the event loop, for milliseconds every few hundred commits. Here it runs beside the
+    loop (sqlite3 releases the GIL while it works) in PASSIVE mode, which never blocks a writer.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._writes = 0
+        self._stopping = False
+        self._wake = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"chainrt-checkpoint-{path.name}", daemon=True
+        )
+        self._thread.start()
+
+    def wrote(self) -> None:
+        """Count one write transaction; wake the thread every ``_CHECKPOINT_EVERY``."""
+        self._writes += 1
+        if self._writes >= _CHECKPOINT_EVERY:
+            self._writes = 0
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread (waits for a checkpoint in progress)."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None)
+        except sqlite3.Error as exc:
+            logger.warning("no background checkpoints for %s: %s", self._path, exc)
+            return
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the inline backstop still bounds the log
+                    logger.warning("background checkpoint of %s failed: %s", self._path, exc)
+        finally:
+            conn.close()

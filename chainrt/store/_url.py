@@ -1,0 +1,119 @@
+"""Store URLs: which backend a URL names, where a SQLite file lives, and a printable form.
+
+Accepted forms (DESIGN §4)::
+
+    sqlite:///relative/path.db       relative to the current directory
+    sqlite:////absolute/path.db      absolute
+    sqlite:///:memory:               a private in-memory database (tests)
+    redis://[[user]:password@]host:port/db[?option=value...]
+    rediss://...                     the same over TLS
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from .._errors import CheckpointError
+
+__all__ = ["ACCEPTED_FORMS", "check_redis_url", "redact_url", "sqlite_path", "store_scheme"]
+
+ACCEPTED_FORMS = (
+    "sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+    "redis://[:password@]host:port/db, rediss://[:password@]host:port/db"
+)
+"""The URL forms ``open_store`` accepts, for error messages."""
+
+_SECRET_QUERY_KEYS = frozenset({"password", "pass", "pwd", "token", "secret"})
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the user part or the query string) replaced by ``***``.
+
+    The result is safe to print and log; everything else of the URL is kept as written.
+    A string that does not parse as a URL is returned with everything after ``@`` kept and
+    everything before it masked, so a malformed URL never leaks a secret either.
+    """
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError on a malformed port
+    except ValueError:
+        _, sep, tail = url.rpartition("@")
+        return f"***@{tail}" if sep else url
+    shown = url
+    if "@" in parts.netloc:
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        # A lone user part (redis://secret@host) may be a credential too: mask it whole.
+        netloc = f"{user}:***@{hostport}" if colon else f"***@{hostport}"
+        shown = shown.replace(f"//{parts.netloc}", f"//{netloc}", 1)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(k.lower() in _SECRET_QUERY_KEYS for k, _ in pairs):
+            query = urlencode(
+                [(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs],
+                safe="*",
+            )
+            shown = shown.replace(f"?{parts.query}", f"?{query}", 1)
+    return shown
+
+
+def check_redis_url(url: str) -> None:
+    """CheckpointError unless ``url`` is ``redis[s]://[...@]host[:port][/db]`` with a numeric db.
+
+    redis-py silently ignores a database part it cannot parse; a typo must not send the
+    checkpoints of a run to database 0.
+    """
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError as exc:
+        raise CheckpointError(f"invalid Redis store URL {redact_url(url)!r}: {exc}") from None
+    db = parts.path.lstrip("/")
+    if not parts.hostname or (db and not db.isdigit()):
+        raise CheckpointError(
+            f"invalid Redis store URL {redact_url(url)!r}: write "
+            "redis://[:password@]host:port/db with a numeric db"
+        )
+    options = {key.lower() for key, _ in parse_qsl(parts.query)}
+    if options & {"decode_responses", "db"}:
+        # The store reads raw bytes and takes the db from the path only.
+        raise CheckpointError(
+            f"invalid Redis store URL {redact_url(url)!r}: the options decode_responses and db "
+            "are not supported; give the db as the path (redis://host:port/2)"
+        )
+
+
+def store_scheme(url: str) -> str:
+    """``"sqlite"`` or ``"redis"`` (``rediss`` included); CheckpointError for anything else."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in ("redis", "rediss"):
+        return "redis"
+    raise CheckpointError(
+        f"unsupported checkpoint store URL {redact_url(url)!r}: use one of {ACCEPTED_FORMS}"
+    )
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file a ``sqlite:`` URL names (None for ``sqlite:///:memory:``).
+
+    ``sqlite:///a/b.db`` is relative to the current directory, ``sqlite:////a/b.db`` absolute
+    (the SQLAlchemy convention). A host part (``sqlite://host/x.db``) is an error.
+    """
+    prefix = "sqlite://"
+    if not url.lower().startswith(prefix):
+        raise CheckpointError(f"not a SQLite store URL: {redact_url(url)!r}")
+    rest = url[len(prefix) :]
+    if not rest.startswith("/") or len(rest) < 2:
+        raise CheckpointError(
+            f"SQLite store URL {url!r} names no file: write sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db"
+        )
+    path = rest[1:].partition("?")[0]
+    if path == ":memory:":
+        return None
+    if not path or path.endswith("/"):
+        raise CheckpointError(f"SQLite store URL {url!r} names a directory, not a database file")
+    return Path(path)

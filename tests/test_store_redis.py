@@ -1,0 +1,281 @@
+"""The Redis checkpoint store: the shared conformance suite, plus the Redis layout contract."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import shutil
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from chainrt._errors import CheckpointError, CorruptRecord, StoreUnavailable
+from chainrt.store import (
+    DEFAULT_MAX_RECORD_BYTES,
+    CheckpointStore,
+    OwnerLease,
+    RedisStore,
+    RunProgress,
+    SQLiteStore,
+    open_store,
+    redact_url,
+)
+from chainrt.testing.redis_server import RedisServer, free_port
+from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
+
+pytestmark = pytest.mark.redis
+
+_RUNNING = RunProgress(status="running", budget_used_ms=1.0)
+_DONE = RunProgress(status="completed", budget_used_ms=2.0, release_owner=True)
+
+
+class TestRedisStore(StoreConformance):
+    """Every conformance test, against the session's private redis-server (flushed per test)."""
+
+    @pytest.fixture
+    def make_store(self, redis_url: str) -> StoreFactory:
+        async def make(
+            *, record_ttl_s: float | None = None, max_record_bytes: int | None = None
+        ) -> CheckpointStore:
+            return RedisStore(
+                redis_url,
+                record_ttl_s=record_ttl_s,
+                max_record_bytes=max_record_bytes or DEFAULT_MAX_RECORD_BYTES,
+            )
+
+        return make
+
+    async def corrupt(
+        self, store: CheckpointStore, run_id: str, payload: str, *, step_id: str | None = None
+    ) -> None:
+        assert isinstance(store, RedisStore)
+        client = aioredis.Redis.from_url(store.raw_url)
+        if step_id is None:
+            await client.hset(store.keys.run(run_id), "record", payload)
+        else:
+            await client.hset(store.keys.steps(run_id), step_id, payload)
+        await client.aclose()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def rstore(redis_url: str) -> AsyncIterator[RedisStore]:
+    store = RedisStore(redis_url, record_ttl_s=60)
+    yield store
+    await store.close()
+
+
+async def test_key_layout_and_one_cluster_slot(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    await rstore.create_run(make_run("r:1"))
+    await rstore.commit("r:1", 1, _RUNNING, make_step("a"))
+    keys = ["chainrt:runs", "chainrt:{r:1}:run", "chainrt:{r:1}:steps"]
+    assert sorted(await raw.keys("*")) == keys
+    fields = await raw.hgetall("chainrt:{r:1}:run")
+    assert (fields["status"], fields["token"]) == ("running", "1")
+    assert (fields["owner_host"], fields["owner_pid"]) == ("host-a", "4242")
+    assert list(await raw.hkeys("chainrt:{r:1}:steps")) == ["a"]
+    assert await raw.zscore("chainrt:runs", "r:1") == make_run().created_at
+    assert key_slot(b"chainrt:{r:1}:run") == key_slot(b"chainrt:{r:1}:steps")
+
+
+async def test_final_status_sets_ttl_on_every_key_of_the_run(
+    rstore: RedisStore, raw: aioredis.Redis
+) -> None:
+    await rstore.create_run(make_run())
+    await rstore.commit("run-1", 1, _RUNNING, make_step())
+    assert await raw.pttl("chainrt:{run-1}:run") == -1  # running runs never expire
+    await rstore.commit("run-1", 1, _DONE.model_copy(update={"status": "partial"}))
+    for key in ("chainrt:{run-1}:run", "chainrt:{run-1}:steps"):
+        assert 59_000 < await raw.pttl(key) <= 60_000
+    lease = OwnerLease(host="b", pid=1, token=2, expires_at=time.time() + 10)
+    await rstore.claim("run-1", 1, lease)  # resumed: it must not vanish while it runs again
+    assert await raw.pttl("chainrt:{run-1}:run") == -1
+    assert await raw.pttl("chainrt:{run-1}:steps") == -1
+
+
+async def test_commit_is_one_round_trip(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    await rstore.create_run(make_run())
+    await rstore.commit("run-1", 1, _RUNNING, make_step())  # loads the script
+    await raw.config_resetstat()
+    await rstore.commit("run-1", 1, _RUNNING, make_step("b"))
+    stats = await raw.info("commandstats")  # counts the commands the script ran, too
+    commands = {name for name in stats if not name.startswith("cmdstat_config")}
+    assert commands == {"cmdstat_evalsha", "cmdstat_hmget", "cmdstat_hset"}
+    assert stats["cmdstat_evalsha"]["calls"] == 1
+
+
+async def test_script_cache_flushed_is_reloaded(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    await rstore.create_run(make_run())
+    await raw.script_flush()  # what a restart or failover does to the script cache
+    await rstore.commit("run-1", 1, _RUNNING, make_step())
+    assert set(await rstore.get_steps("run-1")) == {"intent"}
+
+
+async def test_retried_claim_succeeds(rstore: RedisStore) -> None:
+    await rstore.create_run(make_run())
+    lease = OwnerLease(host="b", pid=7, token=2, expires_at=time.time() + 10)
+    assert await rstore.claim("run-1", 1, lease) == 2
+    # The same claim sent again (its reply was lost) finds its own write.
+    assert await rstore.claim("run-1", 1, lease.model_copy()) == 2
+    assert (await rstore.get_run("run-1")).fencing_token == 2
+
+
+async def test_wrong_type_key_is_corrupt(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    await raw.set("chainrt:{x}:run", "a string, not a hash")
+    with pytest.raises(CorruptRecord, match=r"chainrt:\{x\}:run"):
+        await rstore.get_run("x")
+
+
+async def test_missing_fields_are_corrupt(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    await raw.hset("chainrt:{x}:run", mapping={"status": "running"})
+    with pytest.raises(CorruptRecord, match=r"'x'.*missing"):
+        await rstore.get_run("x")
+    await rstore.create_run(make_run("y"))
+    await raw.hset("chainrt:{y}:run", "status", "exploded")
+    with pytest.raises(CorruptRecord, match="unknown status 'exploded'"):
+        await rstore.get_run("y")
+
+
+async def test_stale_index_entries_are_dropped(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    await rstore.create_run(make_run("a", created_at=1.0))
+    await rstore.create_run(make_run("b", created_at=2.0))
+    await raw.delete("chainrt:{b}:run")  # as if its TTL had passed
+    assert [r.run_id for r in await rstore.list_runs()] == ["a"]
+    assert await raw.zrange("chainrt:runs", 0, -1) == ["a"]
+
+
+async def test_key_prefix(redis_url: str, raw: aioredis.Redis) -> None:
+    store = RedisStore(redis_url, key_prefix="tenant7")
+    await store.create_run(make_run())
+    await store.close()
+    assert sorted(await raw.keys("*")) == ["tenant7:runs", "tenant7:{run-1}:run"]
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[RedisServer]:
+    with RedisServer(password="s3cr3t-pw") as server:
+        yield server
+
+
+async def test_password_and_db_number(secured: RedisServer) -> None:
+    url = f"redis://:s3cr3t-pw@127.0.0.1:{secured.port}/3"
+    store = open_store(url)
+    assert isinstance(store, RedisStore)
+    assert store.url == f"redis://:***@127.0.0.1:{secured.port}/3"
+    await store.create_run(make_run())
+    await store.close()
+    db3 = aioredis.Redis(port=secured.port, password="s3cr3t-pw", db=3)
+    db0 = aioredis.Redis(port=secured.port, password="s3cr3t-pw", db=0)
+    try:
+        assert await db3.exists("chainrt:{run-1}:run") == 1
+        assert await db0.dbsize() == 0
+        await db3.flushdb()
+    finally:
+        await db3.aclose()
+        await db0.aclose()
+
+
+def test_open_store_picks_the_backend(tmp_path: object) -> None:
+    assert isinstance(open_store("redis://127.0.0.1:1/0"), RedisStore)
+    assert isinstance(open_store("sqlite:///:memory:"), SQLiteStore)
+    with pytest.raises(CheckpointError, match=r"mysql://u:\*\*\*@h/db.*sqlite:///.*redis://"):
+        open_store("mysql://u:pw@h/db")
+    bad_urls = ("redis://h:1/notanumber", "redis://h:1/0?decode_responses=true", "redis://h/0?x=1")
+    for bad in bad_urls:
+        with pytest.raises(CheckpointError, match="invalid Redis store URL"):
+            open_store(bad)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+        ("redis://user:pw@h:1/0", "redis://user:***@h:1/0"),
+        ("rediss://default:p%40ss@h:6380/2", "rediss://default:***@h:6380/2"),
+        (
+            "redis://h:1/0?password=pw&socket_timeout=1",
+            "redis://h:1/0?password=***&socket_timeout=1",
+        ),
+        ("redis://h:1/0", "redis://h:1/0"),
+        ("sqlite:///a/b.db", "sqlite:///a/b.db"),
+        ("redis://:pw@h:notaport/0", "***@h:notaport/0"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_one_store_across_event_loops(redis_url: str) -> None:
+    # The sync API runs each call in its own asyncio.run: the store must follow the loop.
+    store = RedisStore(redis_url)
+    with warnings.catch_warnings():
+        # A finished loop's sockets can only be reclaimed by the garbage collector.
+        warnings.simplefilter("ignore", ResourceWarning)
+        asyncio.run(store.create_run(make_run()))
+        assert asyncio.run(store.get_run("run-1")).run_id == "run-1"
+        asyncio.run(store.close())
+        gc.collect()
+    with pytest.raises(CheckpointError, match="closed"):
+        asyncio.run(store.get_run("run-1"))
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    """A redis-server speaking only TLS (self-signed certificate), with a password."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+         "--tls-auth-clients", "no", "--requirepass", "tls-pw", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "TLS redis-server did not start"
+                time.sleep(0.02)
+        yield port, cert
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def test_rediss_url_speaks_tls(tls_redis: tuple[int, Path]) -> None:
+    port, cert = tls_redis
+    store = open_store(f"rediss://:tls-pw@127.0.0.1:{port}/0?ssl_ca_certs={cert}")
+    assert store.url == f"rediss://:***@127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+    await store.create_run(make_run())
+    assert (await store.get_run("run-1")).chain == "support_agent"
+    await store.close()
+    plain = RedisStore(f"redis://:tls-pw@127.0.0.1:{port}/0", retry_for_s=0.2)
+    with pytest.raises(StoreUnavailable):  # a plain-text client cannot talk to it
+        await plain.get_run("run-1")
+    await plain.close()

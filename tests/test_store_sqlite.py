@@ -1,0 +1,203 @@
+"""The SQLite checkpoint store: the shared conformance suite, plus what only a file can do."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chainrt._errors import CheckpointError, StoreUnavailable
+from chainrt.store import (
+    DEFAULT_MAX_RECORD_BYTES,
+    CheckpointStore,
+    RunProgress,
+    SQLiteStore,
+    open_store,
+)
+from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
+
+
+def _raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None)
+
+
+class TestSqliteStore(StoreConformance):
+    """Every conformance test, against a fresh database file per test."""
+
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> StoreFactory:
+        async def make(
+            *, record_ttl_s: float | None = None, max_record_bytes: int | None = None
+        ) -> CheckpointStore:
+            return SQLiteStore(
+                tmp_path / "store" / "chainrt.db",
+                record_ttl_s=record_ttl_s,
+                max_record_bytes=max_record_bytes or DEFAULT_MAX_RECORD_BYTES,
+            )
+
+        return make
+
+    async def corrupt(
+        self, store: CheckpointStore, run_id: str, payload: str, *, step_id: str | None = None
+    ) -> None:
+        assert isinstance(store, SQLiteStore)
+        assert store.path is not None
+        with _raw(store.path) as conn:
+            if step_id is None:
+                cur = conn.execute("UPDATE runs SET record = ? WHERE run_id = ?", (payload, run_id))
+            else:
+                cur = conn.execute(
+                    "UPDATE steps SET record = ? WHERE run_id = ? AND step_id = ?",
+                    (payload, run_id, step_id),
+                )
+            assert cur.rowcount == 1
+        conn.close()
+
+
+async def test_default_store_is_a_wal_file_under_dot_chainrt(chainrt_home: str) -> None:
+    store = open_store()
+    try:
+        assert isinstance(store, SQLiteStore)
+        assert store.url == "sqlite:///.chainrt/chainrt.db"
+        await store.create_run(make_run())
+    finally:
+        await store.close()
+    path = Path(chainrt_home) / ".chainrt" / "chainrt.db"
+    conn = _raw(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT run_id, status FROM runs").fetchall() == [("run-1", "running")]
+    conn.close()
+
+
+@pytest.mark.parametrize("form", ["relative", "absolute"])
+async def test_url_forms(chainrt_home: str, form: str) -> None:
+    url = "sqlite:///deep/er/x.db" if form == "relative" else f"sqlite:///{chainrt_home}/abs/x.db"
+    store = open_store(url)
+    await store.close()
+    expected = "deep/er/x.db" if form == "relative" else "abs/x.db"
+    assert (Path(chainrt_home) / expected).is_file()
+
+
+async def test_in_memory_store() -> None:
+    store = open_store("sqlite:///:memory:")
+    await store.create_run(make_run())
+    assert (await store.get_run("run-1")).chain == "support_agent"
+    await store.close()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite://host/x.db", "sqlite:///dir/"])
+def test_bad_sqlite_urls(url: str) -> None:
+    with pytest.raises(CheckpointError, match="SQLite store URL"):
+        open_store(url)
+
+
+def test_unopenable_path_names_the_url(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(StoreUnavailable, match=r"a-file/x\.db") as info:
+        SQLiteStore(tmp_path / "a-file" / "x.db")
+    assert "\n" not in str(info.value)
+
+
+def test_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not SQLite" * 200)
+    with pytest.raises(CheckpointError, match=r"junk\.db"):
+        SQLiteStore(path)
+
+
+async def test_newer_table_layout_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    await SQLiteStore(path).close()
+    with _raw(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(CheckpointError, match="newer chainrt"):
+        SQLiteStore(path)
+
+
+async def test_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    await store.close()
+    with pytest.raises(CheckpointError, match="closed"):
+        await store.get_run("run-1")
+
+
+async def test_locked_by_another_process_is_retryable(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    store = SQLiteStore(path, busy_timeout_s=0.1)
+    await store.create_run(make_run())
+    blocker = _raw(path)
+    blocker.execute("BEGIN IMMEDIATE")  # another process in the middle of a write
+    try:
+        with pytest.raises(StoreUnavailable, match="locked") as info:
+            await store.commit("run-1", 1, RunProgress(status="running", budget_used_ms=1.0))
+        assert info.value.retryable
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    await store.commit("run-1", 1, RunProgress(status="running", budget_used_ms=1.0), make_step())
+    assert set(await store.get_steps("run-1")) == {"intent"}
+    await store.close()
+
+
+async def test_expired_rows_are_purged_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    store = SQLiteStore(path, record_ttl_s=0.05)
+    await store.create_run(make_run("old"))
+    await store.create_run(make_run("live"))
+    final: dict[str, Any] = {"status": "completed", "budget_used_ms": 1.0}
+    await store.commit("old", 1, RunProgress(**final), make_step())
+    await store.close()
+    time.sleep(0.1)
+    await SQLiteStore(path).close()
+    conn = _raw(path)
+    assert conn.execute("SELECT run_id FROM runs").fetchall() == [("live",)]
+    assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
+    conn.close()
+
+
+async def test_checkpoints_run_beside_the_event_loop(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    store = SQLiteStore(path)
+    await store.create_run(make_run())
+    threads = [t for t in threading.enumerate() if t.name == "chainrt-checkpoint-x.db"]
+    assert len(threads) == 1
+    empty = path.stat().st_size
+    for k in range(600):  # enough log for two background checkpoints, far below the backstop
+        progress = RunProgress(status="running", budget_used_ms=float(k))
+        await store.commit("run-1", 1, progress, make_step(f"s{k}"))
+    deadline = time.monotonic() + 5
+    while path.stat().st_size <= empty + 100_000 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    # The steps reached the database file itself: the log was copied back, off the loop.
+    assert path.stat().st_size > empty + 100_000
+    await store.close()
+    assert not threads[0].is_alive()
+
+
+def test_public_names() -> None:
+    import chainrt.store
+
+    assert set(chainrt.store.__all__) == {
+        "ACCEPTED_FORMS",
+        "DEFAULT_MAX_RECORD_BYTES",
+        "RECORD_SCHEMA",
+        "AttemptRecord",
+        "CheckpointStore",
+        "OwnerLease",
+        "RedisStore",
+        "RunProgress",
+        "RunRecord",
+        "RunStatus",
+        "SQLiteStore",
+        "StepRecord",
+        "StepStatus",
+        "open_store",
+        "redact_url",
+    }
+    assert all(hasattr(chainrt.store, name) for name in chainrt.store.__all__)
