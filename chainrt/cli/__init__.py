@@ -17,9 +17,10 @@ from typing import Any
 
 from .._durations import parse_duration_ms
 from .._errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
+from .._hooks import NO_HOOKS
 from .._progress import NO_PROGRESS, Progress
 from .._result import RunResult
-from .._runtime import open_runtime
+from .._runtime import Runtime, open_runtime
 from ..spec import chain_json_schema, load_spec, validate_paths
 from ._printer import LivePrinter, print_inspect, print_result, print_runs
 
@@ -106,19 +107,35 @@ def _budget(raw: str | None) -> float | None:
     return None if raw is None else parse_duration_ms(raw, what="--budget")
 
 
-def _emit(result: RunResult, as_json: bool) -> int:
+def _emit(result: RunResult, as_json: bool, trace_url: str | None = None) -> int:
     if as_json:
-        payload = result.model_dump(mode="json", exclude={"chain", "stopped_at", "error"})
-        payload["chain"] = result.chain
-        payload["stopped_at"] = result.stopped_at
-        payload["error"] = result.error
+        payload = result.model_dump(mode="json")
+        if trace_url:
+            payload["trace_url"] = trace_url
         print(json.dumps(payload, ensure_ascii=False))
     else:
         print_result(result, sys.stdout)
+        if trace_url:
+            print(f"trace: {trace_url}")
     if not result.ok:
         print(f"chainrt: run {result.run_id} {result.status}: {result.error}", file=sys.stderr)
         return EXIT_RUN_FAILED
     return EXIT_OK
+
+
+async def _trace_url(runtime: Runtime, run_id: str) -> str | None:
+    """The Jaeger link of the run's trace, when tracing is on."""
+    if runtime.hooks is NO_HOOKS:
+        return None
+    try:
+        trace_id = (await runtime.store.get_run(run_id)).trace.get("trace_id")
+    except ChainRTError:
+        return None
+    if not isinstance(trace_id, str):
+        return None
+    return runtime.hooks.trace_url(trace_id) or (
+        f"{runtime.settings.jaeger_url.rstrip('/')}/trace/{trace_id}"
+    )
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -135,7 +152,8 @@ async def _run(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             budget_ms=_budget(args.budget),
         )
-    return _emit(result, args.json)
+        trace_url = await _trace_url(runtime, result.run_id)
+    return _emit(result, args.json, trace_url)
 
 
 async def _resume(args: argparse.Namespace) -> int:
@@ -146,7 +164,8 @@ async def _resume(args: argparse.Namespace) -> int:
         result = await runtime.runner.resume(
             args.run_id, budget_ms=_budget(args.budget), wait=not args.no_wait
         )
-    return _emit(result, args.json)
+        trace_url = await _trace_url(runtime, result.run_id)
+    return _emit(result, args.json, trace_url)
 
 
 async def _runs(args: argparse.Namespace) -> int:
