@@ -2,9 +2,10 @@
 
 An engine turns a :class:`GenerationRequest` into text. It raises ``chainrt.EngineOOM`` when one
 request ran out of memory (only that request fails) and ``chainrt.EngineDead`` when the engine
-itself is gone; the worker service then calls :meth:`Engine.recover`. Engines are async at the surface; CPU- or
-GPU-bound work runs in a thread or the engine's own process. Every engine honours the request's
-deadline: generation stops at it and returns what it has, ``finish_reason == "deadline"``.
+itself is gone; the worker service then calls :meth:`Engine.recover`. Engines are async at the
+surface; CPU- or GPU-bound work runs in a thread or the engine's own process. Every engine honours
+the request's deadline: generation stops at it and returns what it has,
+``finish_reason == "deadline"``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,157 @@
+"""A real ``chainrt-worker`` subprocess for tests: free port, waits for ``/health/ready``.
+
+    with WorkerProcess("--engine", "local") as worker:
+        client = worker.openai()            # the official OpenAI client, retries off
+        worker.get("/metrics")
+
+Started as ``python -m workers.cli`` so it needs no installed console script. Its log goes to a
+temporary file, shown when start-up fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import httpx2  # the HTTP library of the openai package (its http_client type)
+from openai import AsyncOpenAI, OpenAI
+
+__all__ = ["WorkerProcess", "free_port", "metric_value"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus exposition text (0.0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$", line)
+        if match is None or match.group(1) != name:
+            continue
+        have = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
+        if have == want:
+            return float(match.group(3))
+    return 0.0
+
+
+class WorkerProcess:
+    """``chainrt-worker serve`` in a subprocess, on a free port or a Unix socket."""
+
+    def __init__(self, *args: str, uds: str | None = None, ready_timeout_s: float = 90.0) -> None:
+        self.uds = uds
+        self.port = None if uds else free_port()
+        where = ["--uds", uds] if uds else ["--port", str(self.port)]
+        self.argv = [sys.executable, "-m", "workers.cli", "serve", *args, *where]
+        self.base = "http://worker" if uds else f"http://127.0.0.1:{self.port}"
+        self._ready_timeout_s = ready_timeout_s
+        self._log = tempfile.NamedTemporaryFile(prefix="chainrt-worker-", suffix=".log")  # noqa: SIM115
+        self.process: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(base_url=self.base, transport=self._transport(), timeout=30)
+        self._openai: OpenAI | None = None
+
+    def _transport(self) -> httpx.HTTPTransport:
+        return httpx.HTTPTransport(uds=self.uds) if self.uds else httpx.HTTPTransport()
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> WorkerProcess:
+        """Start the worker and wait until ``/health/ready`` answers 200."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH")] if p)
+        self.process = subprocess.Popen(
+            self.argv, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + self._ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.logs()}")
+            # httpcore leaks the socket of a failed Unix-socket connect: wait for the file first.
+            if self.uds and not Path(self.uds).exists():
+                time.sleep(0.1)
+                continue
+            try:
+                if self.http.get("/health/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"worker not ready after {self._ready_timeout_s}s:\n{self.logs()}")
+
+    def stop(self) -> None:
+        """Terminate the worker (SIGTERM, then SIGKILL after 10 s)."""
+        self.http.close()
+        if self._openai is not None:
+            self._openai.close()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def logs(self) -> str:
+        """What the worker printed so far."""
+        return Path(self._log.name).read_text(errors="replace")
+
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        """GET on the worker."""
+        return self.http.get(path, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        """POST on the worker."""
+        return self.http.post(path, **kw)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One metric's current value."""
+        return metric_value(self.get("/metrics").text, name, **labels)
+
+    def openai(self) -> OpenAI:
+        """The official OpenAI client pointed at the worker (no retries, so errors surface).
+
+        One client per worker, closed with it.
+        """
+        if self._openai is None:
+            client = httpx2.Client(transport=httpx2.HTTPTransport(uds=self.uds), timeout=60)
+            self._openai = OpenAI(
+                base_url=f"{self.base}/v1", api_key="unused", max_retries=0, http_client=client
+            )
+        return self._openai
+
+    def async_openai(self) -> AsyncOpenAI:
+        """A new async OpenAI client pointed at the worker (no retries); the caller closes it."""
+        transport = httpx2.AsyncHTTPTransport(uds=self.uds)
+        client = httpx2.AsyncClient(transport=transport, timeout=60)
+        return AsyncOpenAI(
+            base_url=f"{self.base}/v1", api_key="unused", max_retries=0, http_client=client
+        )

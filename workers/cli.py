@@ -1,0 +1,180 @@
+"""``chainrt-worker serve``: one process serving one model engine over an OpenAI-compatible API.
+
+    chainrt-worker serve --engine local --port 8001
+    chainrt-worker serve --engine vllm --model /models/qwen3-8b --uds /run/chainrt/w1.sock
+    chainrt-worker serve --engine local --port 8001 --enable-fault-injection   # tests, drills
+
+Engines are imported only when chosen: ``--engine local`` never imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from chainrt._errors import WorkerError
+from workers.engines import Engine
+
+if TYPE_CHECKING:
+    from workers.server import RequestObserver
+
+__all__ = ["ENGINES", "build_parser", "main", "make_engine"]
+
+ENGINES: dict[str, str] = {
+    "local": "workers.engines._llamacpp:LocalEngine",
+    "vllm": "workers.engines._vllm:VllmEngine",
+    "torch": "workers.engines._torch:TorchEngine",
+}
+"""Engine kind → ``module:class``; each class takes ``model`` / ``model_name`` keywords."""
+
+_DEFAULT_SLOTS = {"local": 1, "vllm": 16, "torch": 4}
+"""Concurrent requests inside each kind of engine unless ``--slots`` says otherwise: llama.cpp
+runs one request at a time, vLLM batches."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="chainrt-worker", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve one engine over HTTP")
+    serve.add_argument("--engine", choices=sorted(ENGINES), required=True)
+    serve.add_argument("--model", help="model to load: GGUF file (local), HF dir or id (vllm)")
+    serve.add_argument(
+        "--served-model-name",
+        action="append",
+        dest="served_model_names",
+        metavar="NAME",
+        help="a model name clients use (repeatable; default: the engine's own name)",
+    )
+    where = serve.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="TCP port to listen on")
+    where.add_argument("--uds", metavar="PATH", help="Unix socket to listen on")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--max-model-len", type=int, help="context window in tokens")
+    serve.add_argument("--watermark", type=float, default=0.85, help="KV memory share (0.85)")
+    serve.add_argument("--slots", type=int, help="requests inside the engine at once")
+    serve.add_argument("--max-waiting", type=int, default=256, help="queue bound (256)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="body limit (1 MiB)")
+    serve.add_argument("--health-interval", type=float, default=15.0, help="seconds (15)")
+    serve.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="serve POST /admin/faults (tests and drills only; never in production)",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    return parser
+
+
+def make_engine(
+    kind: str,
+    model: str | None = None,
+    *,
+    served_model_name: str | None = None,
+    max_model_len: int | None = None,
+) -> Engine:
+    """Create (not start) an engine of ``kind``, importing only that engine's module."""
+    module_name, _, class_name = ENGINES[kind].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkerError(
+            f"the {kind} engine cannot be imported ({exc}); install its extra "
+            f"(pip install 'chainrt[{kind}]') or run scripts/setup"
+        ) from exc
+    kwargs: dict[str, Any] = {}
+    if served_model_name:
+        kwargs["model_name"] = served_model_name
+    if max_model_len is not None:
+        kwargs["n_ctx" if kind == "local" else "max_model_len"] = max_model_len
+    if kind == "local":
+        kwargs["model_path"] = model
+    elif model is not None:
+        kwargs["model"] = model
+    engine: Engine = getattr(module, class_name)(**kwargs)
+    return engine
+
+
+def _tracing_observer(engine: str) -> RequestObserver | None:
+    """The worker's tracing observer when ``OTEL_*`` turn tracing on (None: tracing off)."""
+    try:
+        from workers.server._tracing import observer_from_env
+    except ImportError:  # the otel extra is not installed: no tracing
+        return None
+    return observer_from_env(engine)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from workers.server import WorkerConfig, create_app
+
+    try:
+        config = WorkerConfig(
+            served_model_names=args.served_model_names or [],
+            watermark=args.watermark,
+            slots=args.slots or _DEFAULT_SLOTS[args.engine],
+            max_waiting=args.max_waiting,
+            max_body_bytes=args.max_body_bytes,
+            enable_fault_injection=args.enable_fault_injection,
+            health_interval_s=args.health_interval,
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise WorkerError(f"bad option {first['loc'][0]}: {first['msg']}") from None
+    engine = make_engine(
+        args.engine,
+        args.model,
+        served_model_name=(args.served_model_names or [None])[0],
+        max_model_len=args.max_model_len,
+    )
+    await engine.start()  # here, so a model that cannot load is one clear line, not a traceback
+    app = create_app(engine, config, observer=_tracing_observer(engine.name))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port or 0,
+            uds=args.uds,
+            log_level=args.log_level,
+            access_log=args.access_log,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
+    )
+    await server.serve()
+    return 0 if server.started else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``chainrt-worker``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        loop_factory = None
+        try:
+            import uvloop  # faster HTTP when present (uvicorn[standard] brings it)
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            pass
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_serve(args))
+    except WorkerError as exc:
+        print(f"chainrt-worker: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

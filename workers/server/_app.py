@@ -1,0 +1,142 @@
+"""The worker's Starlette app: routes, start-up (engine + first readiness generation), shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from workers.engines import Engine
+
+from ._admission import AdmissionQueue
+from ._config import WorkerConfig
+from ._context import NullObserver, RequestObserver
+from ._faults import FaultInjector, FaultsRequest
+from ._handler import GenerationHandler
+from ._health import HealthMonitor
+from ._http import HttpError, json_response, read_body
+from ._metrics import WorkerMetrics
+from ._openai import error_body
+from ._recovery import RecoveryManager
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("chainrt.worker")
+
+
+def create_app(
+    engine: Engine,
+    config: WorkerConfig | None = None,
+    *,
+    observer: RequestObserver | None = None,
+) -> Starlette:
+    """An OpenAI-compatible app serving ``engine``.
+
+    Start-up loads the engine and runs the first readiness generation (a worker whose engine
+    cannot load does not start). ``observer`` is the tracing seam (see ``_context``).
+    """
+    config = config or WorkerConfig()
+    names = list(config.served_model_names or [engine.model_name])
+    metrics = WorkerMetrics(engine.name, names[0])
+    metrics.memory_watermark.set(config.watermark)
+    health = HealthMonitor(engine, metrics, timeout_s=config.probe_timeout_s)
+    recovery = RecoveryManager(engine, health, metrics)
+    faults = FaultInjector(engine.faults) if config.enable_fault_injection else None
+    handler = GenerationHandler(
+        engine,
+        config,
+        queue=AdmissionQueue(config.slots, config.max_waiting),
+        health=health,
+        recovery=recovery,
+        metrics=metrics,
+        faults=faults,
+        observer=observer or NullObserver(),
+    )
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        if not (await health.probe()).ok:
+            recovery.start("probe_failed", f"first readiness generation failed: {health.reason}")
+        periodic = asyncio.create_task(
+            health.run_periodically(config.health_interval_s, recovery.probe_failed)
+        )
+        log.info("worker ready: engine=%s model=%s", engine.name, ", ".join(names))
+        try:
+            yield
+        finally:
+            periodic.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await periodic
+            await recovery.close()
+            await engine.close()
+
+    async def models(request: Request) -> Response:
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "chainrt"}
+            for name in names
+        ]
+        return json_response({"object": "list", "data": data})
+
+    async def live(request: Request) -> Response:
+        return json_response({"status": "alive"})
+
+    async def ready(request: Request) -> Response:
+        return json_response(health.snapshot(), 200 if health.ready else 503)
+
+    async def metrics_route(request: Request) -> Response:
+        metrics.queue_depth.set(handler.queue.depth)
+        metrics.slots_in_use.set(handler.queue.in_use)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def admin_faults(request: Request) -> Response:
+        assert faults is not None
+        if request.method == "GET":
+            return json_response(faults.state())
+        try:
+            change = FaultsRequest.model_validate_json(await read_body(request, 64 * 1024))
+        except HttpError as err:
+            return err.response()
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                for e in exc.errors(include_input=False, include_url=False)
+            )
+            return json_response(error_body("invalid_request_error", problems), 400)
+        state = faults.apply(change)
+        log.warning("fault injection changed: %s", state)
+        return json_response(state)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return json_response(error_body(kind, message), exc.status_code, exc.headers)
+
+    routes = [
+        Route("/v1/chat/completions", handler.chat, methods=["POST"]),
+        Route("/v1/completions", handler.completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health/live", live, methods=["GET"]),
+        Route("/health/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+    ]
+    if faults is not None:  # without the flag the route does not exist: 404
+        routes.append(Route("/admin/faults", admin_faults, methods=["GET", "POST"]))
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
+    app.state.handler = handler
+    app.state.health = health
+    app.state.metrics = metrics
+    return app

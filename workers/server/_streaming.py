@@ -1,0 +1,116 @@
+"""Streamed answers (``"stream": true``): server-sent events in OpenAI's chunk format.
+
+The first piece is awaited before any header is sent, so a request that fails at once (out of
+memory in the prompt, say) still gets a real status code. After that, an engine failure arrives
+as an ``{"error": ...}`` event followed by ``[DONE]`` (the OpenAI client raises it as an
+APIError). A client that goes away mid-stream stops the generation at its next token; the slot
+is released however the stream ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Literal
+
+from chainrt._errors import EngineDead, EngineOOM, WorkerError
+from workers.engines import GenerationRequest, GenerationResult, StreamDelta
+
+from ._admission import Slot
+from ._context import RequestContext
+from ._http import SSE_DONE, SSEResponse, aclose, run_until_disconnect, sse
+from ._openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_chunk,
+    completion_chunk,
+    error_body,
+)
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from ._handler import GenerationHandler
+
+__all__ = ["stream_answer"]
+
+
+async def stream_answer(
+    handler: GenerationHandler,
+    request: Request,
+    endpoint: Literal["chat", "completions"],
+    parsed: ChatCompletionRequest | CompletionRequest,
+    gen: GenerationRequest,
+    ctx: RequestContext,
+    slot: Slot,
+    started: float,
+) -> SSEResponse:
+    """Start the generation and return the SSE response that carries it (and owns ``slot``).
+
+    ``started`` is when the request arrived (``time.perf_counter()``).
+    """
+    pieces = handler.engine.stream(gen)
+    try:
+        first = await run_until_disconnect(request, handler.call_engine(anext(pieces)))
+    except BaseException:
+        await aclose(pieces)
+        raise
+    chat = endpoint == "chat"
+    rid, model = ctx.request_id, parsed.model
+
+    def piece(text: str) -> bytes:
+        if chat:
+            return sse(chat_chunk(rid, model, content=text))
+        return sse(completion_chunk(rid, model, text=text))
+
+    def final(result: GenerationResult) -> list[bytes]:
+        out = [
+            sse(chat_chunk(rid, model, finish=result.finish_reason))
+            if chat
+            else sse(completion_chunk(rid, model, finish=result.finish_reason))
+        ]
+        if parsed.include_usage:
+            usage = chat_chunk if chat else completion_chunk
+            out.append(sse(usage(rid, model, usage=result)))
+        return out
+
+    async def events() -> AsyncIterator[bytes]:
+        if chat:
+            yield sse(chat_chunk(rid, model, role=True, content=""))
+        delta: StreamDelta = first
+        while True:
+            if delta.text:
+                yield piece(delta.text)
+            if delta.result is not None:
+                handler.record(delta.result, ctx, time.perf_counter() - started)
+                for event in final(delta.result):
+                    yield event
+                break
+            try:
+                delta = await anext(pieces)
+            except (EngineOOM, EngineDead) as exc:
+                error = handler.engine_failure(exc)
+                ctx.attributes["error"] = error.kind
+                yield sse(error.body)
+                break
+            except WorkerError as exc:
+                ctx.attributes["error"] = "engine_error"
+                yield sse(error_body("engine_error", exc.message))
+                break
+            except StopAsyncIteration:
+                ctx.attributes["error"] = "engine_error"
+                yield sse(
+                    error_body("engine_error", "the engine ended the stream without a result")
+                )
+                break
+        yield SSE_DONE
+
+    async def cleanup(disconnected: bool) -> None:
+        await aclose(pieces)  # stops the engine at its next token if it is still generating
+        slot.release()
+        ctx.status = 499 if disconnected else 200
+        if disconnected:
+            ctx.attributes["error"] = "client_disconnected"
+        handler.finish(ctx, started)
+
+    return SSEResponse(events(), cleanup)
