@@ -172,7 +172,10 @@ async def run_llm(dispatcher: Dispatcher, call: LlmCall, deadline: float) -> Ste
         )
     output: Any = answer.text
     if call.json_output and not answer.partial:
-        output = json.loads(answer.text)  # the dispatcher already checked that it parses
+        try:
+            output = json.loads(answer.text)  # models' answers were checked by the dispatcher
+        except ValueError:
+            output = answer.text  # a static answer that is plain text stays text
     return StepOutcome(
         "partial" if answer.partial else "completed",
         output=output,

@@ -48,4 +48,31 @@ def lookup_order(question: str, intent: Any = None, selection: Any = None) -> di
             record["note"] = f"no order {order_id}"
     if wants_refund:
         record["refund_policy"] = REFUND_POLICY
+    record["facts"] = _facts(record)
     return record
+
+
+_STATUS = {
+    "delivered": "was delivered",
+    "processing": "is being prepared",
+    "shipped": "has shipped",
+    "cancelled": "was cancelled",
+    "out_for_delivery": "is out for delivery",
+    "returned": "was returned",
+}
+
+
+def _facts(record: dict[str, Any]) -> str:
+    """The record in one plain sentence or two: small models paraphrase prose better than JSON."""
+    if not record.get("found"):
+        text = f"We could not find an order: {record.get('note', 'unknown order')}."
+    else:
+        text = f"Order {record['order_id']} ({record.get('item')}) {_STATUS.get(record.get('status', ''), record.get('status'))}"
+        if record.get("carrier"):
+            text += f" with {record['carrier']}"
+        if record.get("eta") and record.get("status") not in ("delivered", "cancelled", "returned"):
+            text += f" and should arrive on {record['eta']}"
+        text += "."
+    if record.get("refund_policy"):
+        text += " " + REFUND_POLICY
+    return text

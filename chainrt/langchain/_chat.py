@@ -1,0 +1,358 @@
+"""``ChatChainrt``: a LangChain chat model over chainrt's dispatcher (DESIGN §7, §11).
+
+Existing LangChain code points at the worker pool and gains what an LLM step has: fallbacks in
+order, circuit breakers per endpoint, retries only when they fit the call's deadline, a static
+last-resort answer. Every call is one :class:`~chainrt.dispatch.LlmCall` with a deadline of
+``timeout`` seconds, or the deadline of the chain step it runs in when that comes sooner.
+
+    llm = ChatChainrt(model="primary", fallbacks=["local"], pool="pool.yaml", timeout=8)
+    llm.invoke("Where is order 1042?").usage_metadata     # {'input_tokens': ..., ...}
+
+Streaming yields the answer as one text chunk followed by a closing chunk that carries usage and
+metadata: the dispatcher answers whole (fallbacks and the JSON check decide only on a complete
+answer), so token-by-token streaming waits for a streaming dispatcher API.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._errors import InputError
+from .._runtime import default_hooks
+from .._settings import get_settings
+from ..dispatch import Dispatcher, LlmAnswer, LlmCall, Priority, make_dispatcher
+from ._loop import on_loop, on_shutdown, run_sync
+from ._messages import to_chat_pairs, with_json_instruction
+from ._steps import STEP_DEADLINE
+
+__all__ = ["ChatChainrt"]
+
+_CALL_OPTIONS = frozenset({"model", "max_tokens", "temperature", "timeout", "json_mode", "schema"})
+"""Per-call keyword arguments (``invoke(..., max_tokens=8)`` or ``bind(...)``) that are honoured."""
+
+_dispatchers: dict[str, Dispatcher] = {}
+"""Dispatchers opened for pool files, one per file, living on the background loop."""
+
+
+async def _close_dispatchers() -> None:
+    opened = list(_dispatchers.values())
+    _dispatchers.clear()
+    for dispatcher in opened:
+        await dispatcher.close()
+
+
+on_shutdown(_close_dispatchers)
+
+
+def _shared_dispatcher(pool: str | None) -> Dispatcher:
+    """The dispatcher for the pool file at ``pool`` (None: only ``local``), opened once."""
+    key = str(Path(pool).resolve()) if pool else ""
+    dispatcher = _dispatchers.get(key)
+    if dispatcher is None:
+        dispatcher = make_dispatcher(pool or None, hooks=default_hooks(get_settings()))
+        _dispatchers[key] = dispatcher
+    return dispatcher
+
+
+class ChatChainrt(BaseChatModel):
+    """A chat model answered by chainrt's worker pool, with fallbacks, breakers and deadlines.
+
+    ``model`` and every entry of ``fallbacks`` name models of the pool file (``pool``, by default
+    ``CHAINRT_POOL`` as set when the model is made), or ``local``: the in-process small model,
+    always available. One call is tried on ``model``, then on each fallback, retried only while
+    a retry fits its ``timeout``; when every model fails, ``static_answer`` (if set) is
+    returned, else :class:`~chainrt.dispatch.DispatchFailed` is raised.
+
+    Per call, ``model``, ``max_tokens``, ``temperature``, ``timeout`` and ``json_mode`` may be
+    overridden (``llm.invoke(text, max_tokens=8)``). Tool calling is not supported.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str = Field(default="local", min_length=1, description="Model of the pool, or 'local'.")
+    fallbacks: list[str] = Field(
+        default_factory=list, description="Models tried in order when the primary cannot answer."
+    )
+    pool: str | Path | Dispatcher | None = Field(
+        default_factory=lambda: get_settings().pool,
+        exclude=True,
+        description="Pool YAML path, or a Dispatcher (default: CHAINRT_POOL); None: only 'local'.",
+    )
+    max_tokens: int = Field(default=256, ge=1, le=1_000_000, description="Most tokens to generate.")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="Sampling temperature.")
+    timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Deadline of one call in seconds, covering every retry and fallback.",
+    )
+    static_answer: str | None = Field(
+        default=None, description="Last-resort answer when every model failed."
+    )
+    stop: list[str] | None = Field(default=None, description="Stop sequences.")
+    max_retries: int = Field(
+        default=1, ge=0, le=10, description="Retries per model, made only when they fit."
+    )
+    priority: Priority = Field(default="normal", description="Admission priority at the workers.")
+    streaming: bool = Field(
+        default=False, description="Use the streaming path by default (LangChain convention)."
+    )
+
+    # ------------------------------------------------------------------ LangChain metadata
+
+    @property
+    def _llm_type(self) -> str:
+        return "chainrt"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        pool = "<dispatcher>" if isinstance(self.pool, Dispatcher) else self.pool
+        return {
+            "model": self.model,
+            "fallbacks": list(self.fallbacks),
+            "pool": None if pool is None else str(pool),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "timeout": self.timeout,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider="chainrt",
+            ls_model_name=model if isinstance(model, str) else self.model,
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # ------------------------------------------------------------------ one call
+
+    def _call(
+        self, messages: list[BaseMessage], stop: list[str] | None, run_id: str, options: Any
+    ) -> tuple[LlmCall, float]:
+        """The dispatcher call for ``messages`` and its deadline (unix seconds)."""
+        unknown = sorted(set(options) - _CALL_OPTIONS - {"stream"})
+        if "tools" in unknown or "tool_choice" in unknown:
+            raise NotImplementedError(_NO_TOOLS)
+        if unknown:
+            raise InputError(
+                f"ChatChainrt got unsupported argument(s) {', '.join(unknown)}; per call it "
+                f"accepts {', '.join(sorted(_CALL_OPTIONS))}"
+            )
+        pairs = to_chat_pairs(messages)
+        schema = options.get("schema")
+        json_mode = bool(options.get("json_mode")) or schema is not None
+        if schema is not None:
+            pairs = with_json_instruction(pairs, schema)
+        call = LlmCall(
+            model=str(options.get("model") or self.model),
+            messages=pairs,
+            max_tokens=int(options.get("max_tokens") or self.max_tokens),
+            temperature=float(options.get("temperature", self.temperature)),
+            json_output=json_mode,
+            stop=stop if stop is not None else self.stop,
+            fallbacks=list(self.fallbacks),
+            static_answer=self.static_answer,
+            attempts=self.max_retries + 1,
+            priority=self.priority,
+            run_id=run_id,
+            step_id="chat",
+        )
+        deadline = time.time() + float(options.get("timeout") or self.timeout)
+        step_deadline = STEP_DEADLINE.get()
+        if step_deadline is not None:  # inside a chain's runnable step: its allotment rules
+            deadline = min(deadline, step_deadline)
+        return call, deadline
+
+    async def _answer(self, call: LlmCall, deadline: float) -> LlmAnswer:
+        """Dispatch on the background loop, where the pool's connections live."""
+        dispatcher = (
+            self.pool
+            if isinstance(self.pool, Dispatcher)
+            else _shared_dispatcher(None if self.pool is None else str(self.pool))
+        )
+        return await dispatcher.complete(call, deadline)
+
+    # ------------------------------------------------------------------ BaseChatModel hooks
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
+        return _result(call, run_sync(self._answer(call, deadline)))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
+        return _result(call, await on_loop(self._answer(call, deadline)))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
+        yield from _chunks(call, run_sync(self._answer(call, deadline)))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
+        for chunk in _chunks(call, await on_loop(self._answer(call, deadline))):
+            yield chunk
+
+    # ------------------------------------------------------------------ declarative methods
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Not supported: chainrt workers serve plain chat completions."""
+        raise NotImplementedError(_NO_TOOLS)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        method: Literal["json_schema", "json_mode", "function_calling"] = "json_schema",
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Answers parsed into ``schema`` (pydantic class, TypedDict or JSON schema dict).
+
+        Every ``method`` runs on the workers' JSON mode (the output is constrained to valid
+        JSON). With ``json_schema`` and ``function_calling`` the schema is also given to the model
+        in a system message; with ``json_mode`` the prompt must describe the shape itself. A
+        pydantic class yields instances of it (validated), anything else a dict. ``strict`` is
+        accepted for compatibility: pydantic validation is the check.
+        """
+        if kwargs:
+            raise InputError(f"with_structured_output got unsupported argument(s) {kwargs}")
+        if method not in ("json_schema", "json_mode", "function_calling"):
+            raise InputError(
+                f"method must be json_schema, json_mode or function_calling, got {method!r}"
+            )
+        json_schema = convert_to_json_schema(schema)
+        bound: dict[str, Any] = {
+            "ls_structured_output_format": {
+                "kwargs": {"method": method, "strict": strict},
+                "schema": schema,
+            }
+        }
+        if method == "json_mode":
+            bound["json_mode"] = True
+        else:
+            bound["schema"] = json_schema
+        llm = self.bind(**bound)
+        parser: Runnable[Any, Any]
+        if isinstance(schema, type) and is_basemodel_subclass(schema):
+            parser = PydanticOutputParser(pydantic_object=schema)
+        else:
+            parser = JsonOutputParser()
+        if not include_raw:
+            return llm | parser
+        with_parsed = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        without = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | with_parsed.with_fallbacks(
+            [without], exception_key="parsing_error"
+        )
+
+
+_NO_TOOLS = (
+    "ChatChainrt does not support tool calling: chainrt workers serve plain chat completions. "
+    "Use with_structured_output(...) (JSON mode) for structured answers, or a `tool` step in a "
+    "chain for function calls."
+)
+
+
+def _run_id(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None) -> str:
+    return run_manager.run_id.hex if run_manager is not None else ""
+
+
+def _usage(answer: LlmAnswer) -> UsageMetadata:
+    return UsageMetadata(
+        input_tokens=answer.prompt_tokens,
+        output_tokens=answer.completion_tokens,
+        total_tokens=answer.prompt_tokens + answer.completion_tokens,
+    )
+
+
+def _metadata(call: LlmCall, answer: LlmAnswer) -> dict[str, Any]:
+    return {
+        "model_name": answer.model,
+        "finish_reason": answer.finish_reason,
+        "endpoint": answer.endpoint,
+        "fallback": answer.model if answer.model != call.model else None,
+        "attempts": [a.model_dump(mode="json", exclude_none=True) for a in answer.attempts],
+    }
+
+
+def _result(call: LlmCall, answer: LlmAnswer) -> ChatResult:
+    message = AIMessage(
+        content=answer.text,
+        usage_metadata=_usage(answer),
+        response_metadata=_metadata(call, answer),
+    )
+    usage = {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
+    return ChatResult(
+        generations=[ChatGeneration(message=message)],
+        llm_output={"model_name": answer.model, "token_usage": usage},
+    )
+
+
+def _chunks(call: LlmCall, answer: LlmAnswer) -> Iterator[ChatGenerationChunk]:
+    """The text, then a closing chunk: usage and metadata appear once, so merging adds no twice."""
+    if answer.text:
+        yield ChatGenerationChunk(message=AIMessageChunk(content=answer.text))
+    yield ChatGenerationChunk(
+        message=AIMessageChunk(
+            content="",
+            usage_metadata=_usage(answer),
+            response_metadata=_metadata(call, answer),
+            chunk_position="last",
+        )
+    )
