@@ -1,0 +1,422 @@
+"""The ``torch`` engine: a transformers causal LM on plain torch, for real CUDA memory behaviour.
+
+It exists so that out-of-memory handling can be proven on a real GPU: a request that does not fit
+raises a real ``torch.OutOfMemoryError`` in the middle of its forward pass, and the engine must
+fail that request alone and serve the next one at once, in the same process.
+
+Concurrency: one GPU thread owns the model and runs requests **one at a time**, lowest
+``priority`` first, then in arrival order. A 135M model is tiny next to a GPU, so serialising costs
+throughput, not correctness — and an OOM is then attributable to exactly one request, which is the
+property under test (a batch would fail every request in it). The decode loop is our own
+(prefill, then one token at a time with the KV cache) rather than ``model.generate``: it checks the
+deadline and a cancel flag between tokens, streams each token's text, and gives the
+out-of-memory error a single place to surface.
+
+After an OOM the failed request's tensors are dropped before anything else happens: the error is
+caught, its traceback (which pins the request's activations and KV cache) is released — a full
+garbage collection runs only if CUDA memory is still above what was allocated before the request
+— and ``torch.cuda.empty_cache()`` hands the cached blocks back to the device; ``EngineOOM``
+carries no reference to the torch error. :meth:`TorchEngine.recover` empties the cache again and
+proves the engine can generate with a one-token generation (H200: ready again ~0.09 s after the
+OOM, p50; ``bench/gpu_oom.py``).
+
+Only the standard library, ``chainrt._errors`` and this package's private modules are imported at
+import time; torch and transformers load in :meth:`start`. This keeps the module usable on a GPU
+host that has torch + transformers and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chainrt._errors import EngineDead, EngineOOM, WorkerError
+
+from ._base import (
+    Engine,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    MemoryStats,
+    StreamDelta,
+)
+from ._hf_cache import force_offline
+from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
+from ._torch_decode import DecodeJob, decode, is_oom
+
+__all__ = ["TorchEngine"]
+
+Sink = Callable[[StreamDelta | BaseException], None]
+
+
+def _ignore(_: StreamDelta | BaseException) -> None:
+    """Sink of jobs nobody awaits (the stop job)."""
+
+
+@dataclass(order=True)
+class _Job:
+    """One unit of work for the GPU thread, ordered by (priority, arrival)."""
+
+    priority: int
+    seq: int
+    kind: str = field(compare=False)  # "generate" | "probe" | "stop"
+    request: GenerationRequest | None = field(compare=False, default=None)
+    sink: Sink = field(compare=False, default=_ignore)
+    cancelled: threading.Event = field(compare=False, default_factory=threading.Event)
+
+
+class TorchEngine(Engine):
+    """A transformers causal LM on torch (CUDA when available, else CPU), one GPU thread."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        model_name: str = "smollm2-135m-instruct",
+        device: str | None = None,
+        dtype: str | None = None,
+        max_model_len: int = 2048,
+    ) -> None:
+        """Configure (nothing loads until :meth:`start`).
+
+        ``model`` is an HF model directory (None: the cached SmolLM2 conversion). ``device``
+        defaults to ``cuda`` when available, else ``cpu``; ``dtype`` to bfloat16 on CUDA and
+        float32 on CPU. ``max_model_len`` caps prompt + completion tokens (and the model's own
+        ``max_position_embeddings`` caps it further).
+        """
+        if max_model_len < 16:
+            raise WorkerError(f"{max_model_len=} must be at least 16 tokens")
+        self.model_name = model_name
+        self._model_arg = model
+        self._device_arg = device
+        self._dtype_arg = dtype
+        self._max_model_len = max_model_len
+        self._load_lock = threading.Lock()
+        self._torch: Any = None
+        self._model: Any = None
+        self._tokenizer: PromptTokenizer | None = None
+        self._facts: ModelFacts | None = None
+        self._eos: set[int] = set()
+        self._dtype_bytes = 4
+        self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._dead: str | None = None
+        self.device: str | None = None
+        """``cuda`` or ``cpu`` once loaded."""
+        self.model_dir: Path | None = None
+        """The HF model directory in use (set once loaded)."""
+        self.oom_events = 0
+        """Out-of-memory errors caught so far (each failed exactly one request)."""
+        self.last_oom_at: float | None = None
+        """``time.monotonic()`` when the last out-of-memory error was caught."""
+        self.last_oom_error: str | None = None
+        """The text of the last out-of-memory error (torch's own message, first line)."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load torch, the model and the tokenizer, start the GPU thread. Idempotent."""
+        await asyncio.to_thread(self._ensure_loaded)
+
+    async def close(self) -> None:
+        """Stop the GPU thread (queued requests fail with WorkerError) and free the model."""
+        await asyncio.to_thread(self._shutdown)
+
+    async def recover(self) -> None:
+        """Free cached memory and prove the engine generates; reload it if its thread died.
+
+        Raises EngineDead when even that one-token generation fails.
+        """
+        if self._dead is not None or self._thread is None or not self._thread.is_alive():
+            await asyncio.to_thread(self._reload)
+        try:
+            await self._submit_and_wait(
+                _Job(-1, next(self._seq), "probe", GenerationRequest(prompt="Hi", max_tokens=1))
+            )
+        except WorkerError as exc:
+            raise EngineDead(
+                f"the torch engine cannot generate after recovery ({exc.message}); "
+                "restart the worker"
+            ) from exc
+
+    def _ensure_loaded(self) -> None:
+        with self._load_lock:
+            if self._model is None:
+                self._load()
+
+    def _load(self) -> None:
+        force_offline()
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM
+        except ImportError as exc:
+            raise WorkerError(
+                "torch and transformers are needed by the torch engine; "
+                "pip install 'chainrt[torch]'"
+            ) from exc
+        tokens = self._tokens()
+        model_dir = self.model_dir
+        device = self._device_arg or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype_name = self._dtype_arg or ("bfloat16" if device.startswith("cuda") else "float32")
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise WorkerError(f"{dtype_name=} is not a torch dtype (bfloat16, float16, float32)")
+        try:
+            # Any: transformers' own annotations of .to()/.eval() do not type-check here.
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                str(model_dir), dtype=dtype, local_files_only=True
+            )
+        except (OSError, ValueError) as exc:
+            raise WorkerError(f"cannot load the model in {model_dir}: {exc}") from exc
+        tokens.load()
+        self._model = model.to(device).eval()
+        self._torch = torch
+        self._facts = ModelFacts.from_config(model.config.to_dict())
+        self._dtype_bytes = torch.empty((), dtype=dtype).element_size()
+        eos = model.generation_config.eos_token_id
+        self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if tokens.eos_token_id is not None:
+            self._eos.add(tokens.eos_token_id)
+        self.device = device
+        self._dead = None
+        self._thread = threading.Thread(target=self._serve, name="chainrt-torch", daemon=True)
+        self._thread.start()
+
+    def _tokens(self) -> PromptTokenizer:
+        if self._tokenizer is None:
+            if self.model_dir is None:
+                self.model_dir = resolve_model_dir(self._model_arg)
+            self._tokenizer = PromptTokenizer(self.model_dir, engine="torch")
+        return self._tokenizer
+
+    def _shutdown(self) -> None:
+        with self._load_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None and thread.is_alive():
+                self._jobs.put(_Job(-2, next(self._seq), "stop"))
+                thread.join()
+            while True:  # fail whatever was still queued
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                job.sink(WorkerError("the torch engine was closed; start it again"))
+            self._model = None
+            self._free_cached(collect=True)
+
+    def _reload(self) -> None:
+        self._shutdown()
+        self._ensure_loaded()
+
+    # -- async surface ---------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate the whole answer; at the deadline, the text so far (``"deadline"``)."""
+        async for delta in self.stream(request):
+            if delta.result is not None:
+                return delta.result
+        raise EngineDead("the torch engine ended a generation without a result")  # unreachable
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Yield text pieces as tokens arrive; the last delta carries the whole result.
+
+        Closing the iterator stops the GPU thread's work at the next token.
+        """
+        if request.json_output:
+            raise WorkerError(
+                "the torch engine has no constrained (JSON) decoding; use the vllm or local "
+                "engine for json_output requests",
+                retryable=False,
+            )
+        await self.start()
+        if self._dead is not None:
+            raise EngineDead(f"the torch engine is dead ({self._dead}); recover() reloads it")
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
+        job = _Job(request.priority, next(self._seq), "generate", request)
+
+        def sink(item: StreamDelta | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the caller's loop is closed: nobody listens any more
+                job.cancelled.set()
+
+        job.sink = sink
+        self._jobs.put(job)
+        try:
+            while True:
+                item = await items.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.result is not None:
+                    return
+        finally:
+            job.cancelled.set()  # no-op when finished; otherwise the GPU thread stops at once
+
+    async def _submit_and_wait(self, job: _Job) -> GenerationResult:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[GenerationResult] = loop.create_future()
+
+        def sink(item: StreamDelta | BaseException) -> None:
+            def settle() -> None:
+                if done.done():
+                    return
+                if isinstance(item, BaseException):
+                    done.set_exception(item)
+                elif item.result is not None:
+                    done.set_result(item.result)
+
+            loop.call_soon_threadsafe(settle)
+
+        job.sink = sink
+        self._jobs.put(job)
+        return await done
+
+    # -- accounting ------------------------------------------------------------------------
+
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """Prompt tokens after the chat template (what the model will be fed)."""
+        return len(self._prompt_ids(request))
+
+    @property
+    def context_tokens(self) -> int:
+        """Size of the context window in tokens (prompt + completion)."""
+        if self._facts is None:
+            return self._max_model_len
+        return min(self._max_model_len, self._facts.max_position_embeddings)
+
+    def memory(self) -> MemoryStats | None:
+        """Device memory: ``torch.cuda.mem_get_info`` (+ torch's cached, unused blocks) on CUDA,
+        available RAM on CPU; KV bytes per token from the model config."""
+        torch = self._torch
+        if torch is None or self._facts is None or self.device is None:
+            return None
+        per_token = self._facts.kv_bytes_per_token(self._dtype_bytes)
+        if self.device.startswith("cuda"):
+            device_free, total = torch.cuda.mem_get_info(self.device)
+            reserved = torch.cuda.memory_reserved(self.device)
+            cached_free = reserved - torch.cuda.memory_allocated(self.device)
+            free = device_free + cached_free
+            extra = {"reserved_bytes": float(reserved), "cached_free_bytes": float(cached_free)}
+        else:
+            page = os.sysconf("SC_PAGE_SIZE")
+            total = os.sysconf("SC_PHYS_PAGES") * page
+            free = os.sysconf("SC_AVPHYS_PAGES") * page
+            extra = {}
+        extra.update(
+            {
+                "queued": float(self._jobs.qsize()),
+                "context_tokens": float(self.context_tokens),
+                "oom_events": float(self.oom_events),
+            }
+        )
+        return MemoryStats(
+            total_bytes=int(total), free_bytes=int(free), kv_bytes_per_token=per_token, extra=extra
+        )
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        return self._tokens().prompt_ids(request, self.context_tokens)
+
+    # -- GPU thread ------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Body of the GPU thread: run jobs until told to stop; never dies on a job's error."""
+        while True:
+            job = self._jobs.get()
+            if job.kind == "stop":
+                return
+            if job.cancelled.is_set():
+                continue
+            oom: str | None = None
+            caught_at = 0.0
+            baseline = self._allocated()  # what is allocated before this request runs
+            outcome: StreamDelta | BaseException | None = None
+            try:
+                if job.kind == "probe":
+                    self._free_cached()
+                outcome = self._generate(job)
+            except WorkerError as exc:
+                outcome = exc
+            except Exception as exc:
+                # Keep only text: the exception's traceback pins this request's tensors.
+                if is_oom(exc, self._torch):
+                    caught_at = time.monotonic()
+                    oom = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+                else:
+                    self._dead = f"{type(exc).__name__}: {exc}"
+                    outcome = EngineDead(f"the torch engine failed: {self._dead}")
+            if oom is not None:
+                # Out of the except block the failed request's tensors are unreachable: free them.
+                # Refcounting has freed the request's tensors by now; a full collection (costly
+                # with torch loaded) runs only if something it allocated is still held.
+                self._free_cached(collect=self._allocated() > baseline)
+                self.oom_events += 1
+                self.last_oom_at = caught_at
+                self.last_oom_error = oom
+                request = job.request
+                outcome = EngineOOM(
+                    f"the torch engine ran out of {self.device} memory on request "
+                    f"{request.request_id if request and request.request_id else '?'} ({oom}); "
+                    "only this request failed, retry it or lower max_tokens"
+                )
+            assert outcome is not None
+            job.sink(outcome)
+
+    def _allocated(self) -> int:
+        torch = self._torch
+        if torch is None or self.device is None or not self.device.startswith("cuda"):
+            return 0
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def _free_cached(self, *, collect: bool = False) -> None:
+        if collect:  # tensors caught in reference cycles are freed only by the collector
+            gc.collect()
+        torch = self._torch
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _generate(self, job: _Job) -> StreamDelta:
+        request = job.request
+        assert request is not None
+        if self._model is None:
+            raise EngineDead("the torch engine has no model loaded")
+        ids = self._prompt_ids(request)
+        deadline = request.deadline
+
+        def interrupted() -> FinishReason | None:
+            if job.cancelled.is_set():
+                return "abort"
+            if deadline is not None and time.time() >= deadline:
+                return "deadline"
+            return None
+
+        reason, text, produced = decode(
+            DecodeJob(
+                model=self._model,
+                torch=self._torch,
+                device=self.device or "cpu",
+                prompt_ids=ids,
+                request=request,
+                budget=min(request.max_tokens, self.context_tokens - len(ids)),
+                eos=self._eos,
+                tokens=self._tokens(),
+                emit=lambda piece: job.sink(StreamDelta(piece)),
+                interrupted=interrupted,
+                # Injected faults surface where a real one would: at the forward pass.
+                inject_oom=job.kind != "probe" and self.faults.take_oom(),
+            )
+        )
+        return StreamDelta("", GenerationResult(text, reason, len(ids), produced))

