@@ -52,7 +52,9 @@ class KeyRequest:
                 f"over the {MAX_KEY_LENGTH} allowed; render a shorter key (an id, not a document)"
             )
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise ConcurrencyError(f"concurrency key {self.key!r}: limit must be >= 1, got {self.limit!r}")
+            raise ConcurrencyError(
+                f"concurrency key {self.key!r}: limit must be >= 1, got {self.limit!r}"
+            )
         if self.rate_per_s is not None and not (
             math.isfinite(self.rate_per_s) and self.rate_per_s > 0
         ):
@@ -61,7 +63,9 @@ class KeyRequest:
                 f"got {self.rate_per_s!r}"
             )
         if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-            raise ConcurrencyError(f"concurrency key {self.key!r}: burst must be >= 1, got {self.burst!r}")
+            raise ConcurrencyError(
+                f"concurrency key {self.key!r}: burst must be >= 1, got {self.burst!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

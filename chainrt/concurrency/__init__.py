@@ -1,0 +1,69 @@
+"""Semantic concurrency keys (DESIGN §5): per-user, per-session, per-model limits.
+
+``open_limiter(store_url)`` picks the implementation that matches the checkpoint store: with a
+Redis store the keys live in the same Redis and hold across every process and host
+(:class:`RedisLimiter`); with the embedded store they hold within this process
+(:class:`LocalLimiter`, one instance shared by the whole process).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConcurrencyError
+from ._local import LocalLimiter
+from ._protocol import Holding, KeyRequest, KeyState, Limiter
+
+if TYPE_CHECKING:
+    from ._redis import RedisLimiter
+
+__all__ = [
+    "Holding",
+    "KeyRequest",
+    "KeyState",
+    "Limiter",
+    "LocalLimiter",
+    "RedisLimiter",
+    "open_limiter",
+]
+
+_local: LocalLimiter | None = None
+_local_lock = threading.Lock()
+
+
+def _shared_local() -> LocalLimiter:
+    global _local
+    with _local_lock:
+        if _local is None:
+            _local = LocalLimiter()
+        return _local
+
+
+def open_limiter(store_url: str, *, lease_ttl_s: float = 10.0) -> Limiter:
+    """The limiter for the store at ``store_url``.
+
+    ``redis://`` and ``rediss://`` give a new :class:`RedisLimiter` on that server (close it at
+    process end); anything else (``sqlite:///...``) gives the process-wide :class:`LocalLimiter`,
+    so that every chain run in this process shares the same limits. ``lease_ttl_s`` is how soon the
+    slot of a killed holder frees itself (Redis only: local slots die with their process).
+    """
+    scheme = store_url.split("://", 1)[0].lower() if "://" in store_url else ""
+    if scheme in ("redis", "rediss"):
+        try:
+            from ._redis import RedisLimiter
+        except ImportError as exc:  # redis is an optional extra
+            raise ConcurrencyError(
+                f"store {scheme}://... needs the redis package: pip install 'chainrt[redis]'"
+            ) from exc
+        return RedisLimiter.from_url(store_url, lease_ttl_s=lease_ttl_s)
+    return _shared_local()
+
+
+def __getattr__(name: str) -> Any:
+    # RedisLimiter is imported on first use so that the embedded mode runs without redis installed.
+    if name == "RedisLimiter":
+        from ._redis import RedisLimiter
+
+        return RedisLimiter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,315 @@
+"""The Redis limiter: limits that hold across every runner process and host sharing one Redis.
+
+Per key, one Lua script call takes a slot or a ticket (:data:`._lua.TRY`) and one gives it back
+(:data:`._lua.FORGET`): an uncontended acquire + release costs two round trips. Slots are leases
+renewed by one background task per instance; a holder killed with ``kill -9`` stops renewing and
+its slot lapses within ``lease_ttl_s``. Waiters sleep until the releaser's script wakes them over
+pub/sub (see :mod:`._wakeup`) or until their ticket needs refreshing (``lease_ttl_s / 3``).
+
+Cancellation: whatever a cancelled (or timed-out) acquisition may have taken is undone by an
+idempotent script run in a task the cancellation cannot reach; if that undo reaches Redis before a
+try still in flight (two connections, no order between them), it leaves a mark that refuses the
+try. A release cut short by a cancellation is finished the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._errors import ConcurrencyError, StoreUnavailable
+from . import _lua
+from ._driver import GRANTED, Attempt, BaseLimiter, holder_of
+from ._keys import DEFAULT_PREFIX, check_prefix, key_names, wake_channel_prefix
+from ._protocol import KeyRequest, KeyState
+from ._wake import Wake
+from ._wakeup import PubSubWaker
+
+__all__ = ["RedisLimiter"]
+
+_log = logging.getLogger("chainrt.concurrency")
+
+_MAX_CACHED_CALLS = 4096
+"""Encoded script arguments kept per KeyRequest (dropped all at once when full)."""
+
+_SCRIPTS = {name: getattr(_lua, name) for name in ("TRY", "FORGET", "RENEW", "SNAPSHOT")}
+_SHA = {
+    name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+    for name, src in _SCRIPTS.items()
+}
+
+
+def safe_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (fit for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """The script keys and fixed arguments of one KeyRequest, encoded once (redis-py's per-call
+    encoding of a dozen arguments is a visible share of a round trip)."""
+
+    try_keys: tuple[bytes, ...]
+    try_args: tuple[bytes, ...]
+    forget_keys: tuple[bytes, ...]
+    forget_args: tuple[bytes, ...]
+
+    @classmethod
+    def build(cls, req: KeyRequest, prefix: str, ttl_ms: float, chan: str) -> _Call:
+        names = key_names(prefix, req.key)
+        interval = 0.0 if req.rate_per_s is None else 1000.0 / req.rate_per_s
+        limit, ttl = str(req.limit).encode(), repr(ttl_ms).encode()
+        return cls(
+            try_keys=tuple(n.encode() for n in (*names[:4], names.undone)),
+            try_args=(limit, ttl, repr(interval).encode(), str(req.burst).encode(), chan.encode()),
+            forget_keys=tuple(n.encode() for n in (*names[:3], names.undone)),
+            forget_args=(limit, b"0" if req.rate_per_s is None else b"1", chan.encode(), ttl),
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisLimiter(BaseLimiter):
+    """Concurrency keys in Redis (standalone or Cluster: a key's state shares one hash tag).
+
+    ``client`` is a ``redis.asyncio.Redis``; the limiter is bound to the event loop it is first
+    used on (like the client). Build one per process with :meth:`from_url` or share the store's
+    client. Requires Redis >= 5 (scripts replicated by effects, so ``TIME`` may be called).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        lease_ttl_s: float = 10.0,
+        prefix: str = DEFAULT_PREFIX,
+        owns_client: bool = False,
+        display_url: str = "redis",
+    ) -> None:
+        super().__init__()
+        if not (isinstance(lease_ttl_s, int | float) and math.isfinite(lease_ttl_s)) or not (
+            0.05 <= lease_ttl_s <= 86_400
+        ):
+            raise ConcurrencyError(
+                f"lease_ttl_s must be between 0.05 and 86400 seconds, got {lease_ttl_s!r}"
+            )
+        self._client = client
+        self._owns_client = owns_client
+        self._url = display_url
+        self._prefix = check_prefix(prefix)
+        self._chan = wake_channel_prefix(self._prefix)
+        self.lease_ttl_s = float(lease_ttl_s)
+        self._ttl_ms = round(self.lease_ttl_s * 1000, 3)
+        # Waiters look again at least this often: it keeps their ticket alive (tickets lapse
+        # after one TTL) and bounds the cost of a lost wake-up.
+        self.poll_s = self.lease_ttl_s / 3
+        self._waker = PubSubWaker(client, self._chan + self._iid)
+        self._held: dict[str, dict[str, KeyRequest]] = {}  # key -> member -> request (renewal)
+        self._renewer: asyncio.Task[None] | None = None
+        self._calls: dict[KeyRequest, _Call] = {}
+        self._client_closed = False
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, lease_ttl_s: float = 10.0, prefix: str = DEFAULT_PREFIX
+    ) -> RedisLimiter:
+        """A limiter with its own client for ``redis://`` / ``rediss://`` ``url``."""
+        # Reconnect-and-retry is safe: every script is idempotent for a given member.
+        client = aredis.Redis.from_url(
+            url,
+            # No read timeout (redis-py's default is 5 s): it wraps every call in wait_for, which
+            # costs ~30 % of throughput; a stuck call ends when the caller's budget cancels it.
+            socket_timeout=None,
+            socket_connect_timeout=5.0,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=3),
+        )
+        return cls(
+            client,
+            lease_ttl_s=lease_ttl_s,
+            prefix=prefix,
+            owns_client=True,
+            display_url=safe_url(url),
+        )
+
+    # ------------------------------------------------------------------ script calls
+
+    async def _eval(
+        self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
+    ) -> Any:
+        task = asyncio.current_task()
+        pending = task.cancelling() if task is not None else 0
+        try:
+            try:
+                result = await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
+            except NoScriptError:  # first use on this server, or it restarted / flushed scripts
+                await self._client.script_load(_SCRIPTS[name])
+                result = await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(
+                f"concurrency keys: Redis at {self._url} cannot be reached ({exc}); "
+                "check that it is running and that the store URL points at it"
+            ) from exc
+        if task is not None and task.cancelling() > pending:
+            # redis-py opens connections under asyncio.wait_for, which on Python 3.11 can
+            # swallow a cancellation; a swallowed one would leave a cancelled waiter holding a
+            # slot forever. Raise it again (the call's effect is undone like any cancellation's).
+            raise asyncio.CancelledError
+        return result
+
+    # ------------------------------------------------------------------ backend primitives
+
+    def _call(self, req: KeyRequest) -> _Call:
+        call = self._calls.get(req)
+        if call is None:
+            if len(self._calls) >= _MAX_CACHED_CALLS:
+                self._calls.clear()
+            call = self._calls[req] = _Call.build(req, self._prefix, self._ttl_ms, self._chan)
+        return call
+
+    async def _try(self, req: KeyRequest, member: str, wake: Wake) -> Attempt:
+        if self._closed:
+            raise ConcurrencyError("this limiter is closed; open a new one")
+        call = self._call(req)
+        # Awaited directly (no task: this is the hot path). If the caller is cancelled now, the
+        # call may still land; the undo that follows either removes what it did or, arriving
+        # first, marks the member so that it does nothing (see FORGET).
+        status, hint_ms, ahead, held = await self._eval(
+            "TRY", call.try_keys, (member.encode(), *call.try_args)
+        )
+        if status == 1:
+            self._track(req, member)
+            return GRANTED
+        if status == 3:
+            raise ConcurrencyError(f"acquisition of {req.key!r} by {holder_of(member)} was undone")
+        return Attempt(
+            granted=False,
+            retry_in_s=max(int(hint_ms), 0) / 1000,
+            rate_limited=status == 2,
+            ahead=int(ahead),
+            holders=int(held),
+        )
+
+    async def _forget(self, requests: Sequence[KeyRequest], member: str, *, undo: bool) -> None:
+        for req in requests:
+            self._untrack(req.key, member)
+        if self._client_closed:
+            return  # close() already gave back everything this instance held
+        head = (member.encode(), b"1" if undo else b"0")
+        for req in requests:
+            call = self._call(req)
+            try:
+                await self._eval("FORGET", call.forget_keys, (*head, *call.forget_args))
+            except Exception as exc:  # never raise from a release; the lease lapses by itself
+                _log.warning(
+                    "could not release concurrency key %r of %s (%s); its lease lapses within %gs",
+                    req.key,
+                    holder_of(member),
+                    exc,
+                    self.lease_ttl_s,
+                )
+
+    async def _before_wait(self) -> bool:
+        return await self._waker.ensure_ready(self.poll_s)
+
+    def _register(self, member: str, wake: Wake) -> None:
+        self._waker.register(member, wake)
+
+    def _unregister(self, member: str) -> None:
+        self._waker.unregister(member)
+
+    # ------------------------------------------------------------------ leases
+
+    def _track(self, req: KeyRequest, member: str) -> None:
+        self._held.setdefault(req.key, {})[member] = req
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_forever(), name="chainrt-lease-renewal")
+
+    def _untrack(self, key: str, member: str) -> None:
+        members = self._held.get(key)
+        if members is not None:
+            members.pop(member, None)
+            if not members:
+                del self._held[key]
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            await self.renew_now()
+
+    async def renew_now(self) -> None:
+        """Extend every lease this instance holds (the background task does this every TTL/3)."""
+        held = [(key, list(members)) for key, members in self._held.items()]
+        results = await asyncio.gather(
+            *(self._eval("RENEW", key_names(self._prefix, key)[:1], (self._ttl_ms, *members))
+              for key, members in held),
+            return_exceptions=True,
+        )  # fmt: skip
+        for (key, _), result in zip(held, results, strict=True):
+            if isinstance(result, BaseException):
+                _log.warning("could not renew the leases of concurrency key %r: %s", key, result)
+                continue
+            for lost in result:
+                member = _text(lost)
+                if member in self._held.get(key, {}):
+                    # Our process stalled past the TTL; someone else may hold the slot by now.
+                    _log.warning(
+                        "lease of concurrency key %r held by %s lapsed before renewal; "
+                        "the key's limit may have been exceeded meanwhile",
+                        key,
+                        holder_of(member),
+                    )
+                    self._untrack(key, member)
+
+    # ------------------------------------------------------------------ inspection, shutdown
+
+    async def snapshot(self, key: str) -> KeyState:
+        """Live holders and tickets of ``key`` as Redis sees them now."""
+        names = key_names(self._prefix, key)
+        holders, waiting = await self._eval("SNAPSHOT", names[:3], ())
+        return KeyState(
+            key,
+            tuple(holder_of(_text(m)) for m in holders),
+            tuple(holder_of(_text(m)) for m in waiting),
+        )
+
+    async def close(self) -> None:
+        """Stop renewing, give back what this instance still holds, drop the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        renewer, self._renewer = self._renewer, None
+        while renewer is not None and not renewer.done():
+            renewer.cancel()  # again if need be: redis-py can swallow one (see _eval)
+            await asyncio.wait([renewer], timeout=0.5)
+        leftovers: dict[str, list[KeyRequest]] = {}
+        for members in self._held.values():
+            for member, req in members.items():
+                leftovers.setdefault(member, []).append(req)
+        for member, reqs in leftovers.items():
+            await self._forget(reqs, member, undo=False)
+        if self._background:
+            await asyncio.wait(list(self._background))
+        await self._waker.close()
+        self._client_closed = True
+        if self._owns_client:
+            await self._client.aclose()
