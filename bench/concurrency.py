@@ -1,0 +1,151 @@
+"""Throughput of concurrency keys: acquire + release pairs per second, next to raw EVALSHA.
+
+Usage::
+
+    python bench/concurrency.py [--redis redis://host:port/db] [--seconds 2]
+
+Without ``--redis`` a private redis-server is started (chainrt.testing.redis_server). For 1 key
+and for 100 keys, at 1, 8 and 64 concurrent tasks of one process, it prints the pairs/s of the
+Redis limiter (uncontended: limit far above the task count, so every acquire takes the one-call
+fast path), the same for the in-process limiter, one contended line (1 key, limit 1: hand-over
+from holder to waiter), and a raw ``EVALSHA`` of a one-line script measured in the same run, plus
+the limiter's two scripts called bare (what separates script cost from limiter code).
+``x raw`` is (raw round trips/s) / (pairs/s): 2.0 means a pair costs exactly two round trips.
+The machine running it is often shared: every case runs several interleaved rounds and the best
+round is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import redis.asyncio as aredis
+
+from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, RedisLimiter
+from chainrt.concurrency._keys import DEFAULT_PREFIX
+from chainrt.concurrency._redis import _SHA, _Call
+from chainrt.testing.redis_server import RedisServer
+
+TASKS = (1, 8, 64)
+RAW = "raw EVALSHA round trip ('return 1')"
+BIG_LIMIT = 1_000_000
+Op = Callable[[int, int], Awaitable[None]]
+"""One operation of task ``t`` at iteration ``i``."""
+
+
+async def _rate(op: Op, tasks: int, seconds: float) -> float:
+    """Operations per second of ``tasks`` tasks running ``op`` in a loop for ``seconds``."""
+    stop = 0.0
+    counts = [0] * tasks
+
+    async def worker(t: int) -> None:
+        i = 0
+        while time.perf_counter() < stop:
+            await op(t, i)
+            i += 1
+        counts[t] = i
+
+    stop = time.perf_counter() + min(0.3, seconds / 4)  # warm-up: connections, script cache
+    await asyncio.gather(*(worker(t) for t in range(tasks)))
+    start = time.perf_counter()
+    stop = start + seconds
+    await asyncio.gather(*(worker(t) for t in range(tasks)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def _pairs(limiter: Limiter, nkeys: int, limit: int = BIG_LIMIT) -> Op:
+    requests = [[KeyRequest(f"bench:{k}", limit)] for k in range(nkeys)]
+
+    async def op(t: int, i: int) -> None:
+        holding = await limiter.acquire(requests[(t + i) % nkeys], timeout_s=30, holder=f"t{t}")
+        await holding.release()
+
+    return op
+
+
+def _row(case: str, tasks: int, rate: float, raw: float | None = None) -> None:
+    extra = f"{raw / rate:8.2f}" if raw else ""
+    print(f"{case:<40} {tasks:>5} {rate:>11,.0f} {1e6 / rate:>9.1f} {extra}")
+
+
+@contextlib.contextmanager
+def _server(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+async def bench(url: str, seconds: float, rounds: int) -> None:
+    # The same client settings as RedisLimiter.from_url, so that "raw" is the same road.
+    client = aredis.Redis.from_url(url, socket_timeout=None)
+    info = await client.info("server")
+    print(
+        f"redis {info['redis_version']} at {url}; one process; best of {rounds} rounds of "
+        f"{seconds:g} s per case, cases interleaved"
+    )
+    sha = await client.script_load("return 1")
+
+    async def raw_op(t: int, i: int) -> None:
+        await client.evalsha(sha, 1, "bench:raw")
+
+    # The limiter's two scripts called bare (no limiter code around them): what the Python of
+    # the limiter adds is the difference between this line and the limiter's.
+    try_forget = _Call.build(KeyRequest("bench:bare", BIG_LIMIT), DEFAULT_PREFIX, 10_000.0, "x:")
+
+    async def scripts_op(t: int, i: int) -> None:
+        member = f"bench:{t}:{i}".encode()
+        await client.evalsha(_SHA["TRY"], 5, *try_forget.try_keys, member, *try_forget.try_args)
+        await client.evalsha(
+            _SHA["FORGET"], 4, *try_forget.forget_keys, member, b"0", *try_forget.forget_args
+        )
+
+    redis_limiter = RedisLimiter.from_url(url)
+    await (await redis_limiter.acquire([KeyRequest("warm", 1)], timeout_s=1, holder="w")).release()
+    local = LocalLimiter()
+    cases: dict[str, Callable[[], Op]] = {
+        RAW: lambda: raw_op,
+        "redis TRY+FORGET scripts alone, 1 key": lambda: scripts_op,
+        "redis limiter pairs, 1 key": lambda: _pairs(redis_limiter, 1),
+        "redis limiter pairs, 100 keys": lambda: _pairs(redis_limiter, 100),
+        "redis limiter pairs, 1 key, limit 1": lambda: _pairs(redis_limiter, 1, limit=1),
+        "local limiter pairs, 1 key": lambda: _pairs(local, 1),
+        "local limiter pairs, 100 keys": lambda: _pairs(local, 100),
+        "local limiter pairs, 1 key, limit 1": lambda: _pairs(local, 1, limit=1),
+    }
+    best: dict[tuple[str, int], float] = {}
+    for n in TASKS:
+        for _ in range(rounds):  # interleaved, so a burst of load elsewhere hits every case
+            for case, make in cases.items():
+                if n == 1 and "limit 1" in case:
+                    continue  # one task never contends
+                rate = await _rate(make(), n, seconds)
+                best[case, n] = max(best.get((case, n), 0.0), rate)
+    print(f"{'case':<40} {'tasks':>5} {'ops/s':>11} {'us/op':>9} {'x raw':>8}")
+    for case in cases:
+        for n in TASKS:
+            if (case, n) in best:
+                raw = best[RAW, n] if case.startswith("redis") else None
+                _row(case, n, best[case, n], raw)
+    await redis_limiter.close()
+    await client.aclose()
+
+
+def main() -> None:
+    """Parse the arguments and run the bench."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--redis", default=None, help="redis:// URL (default: a private server)")
+    parser.add_argument("--seconds", type=float, default=1.0, help="measuring time per case")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per case (best is shown)")
+    args = parser.parse_args()
+    with _server(args.redis) as url:
+        asyncio.run(bench(url, args.seconds, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
