@@ -83,3 +83,12 @@ def not_json() -> object:
 def add(a: int, b: int) -> int:
     """Adds two numbers (checks that native types survive templates)."""
     return a + b
+
+
+async def hold(name: str, seconds: float) -> dict[str, float]:
+    """Log entry and exit times around an async sleep (for concurrency checks)."""
+    entered = time.time()
+    await asyncio.sleep(seconds)
+    left = time.time()
+    _log(name, entered=entered, left=left)
+    return {"entered": entered, "left": left}
