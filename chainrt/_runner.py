@@ -22,11 +22,11 @@ from . import _budget as budget
 from ._errors import (
     BudgetError,
     ChainRTError,
-    CheckpointError,
     ConcurrencyRejected,
     FencedOut,
     InputError,
     RunLocked,
+    StoreUnavailable,
 )
 from ._hooks import NO_HOOKS, Hooks
 from ._lease import Heartbeat, owner_state, this_host
@@ -175,6 +175,7 @@ class Runner:
             owner=owner,
             fencing_token=1,
         )
+        await self._prepare(spec)
         await self.store.create_run(record)
         return await self._execute(record, spec, {}, _Clock(total, 0.0), links=[])
 
@@ -223,6 +224,7 @@ class Runner:
         )
         spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
         steps = await self.store.get_steps(run_id)
+        await self._prepare(spec)
         links = [record.trace] if record.trace.get("trace_id") else []
         return await self._execute(
             record,
@@ -232,6 +234,22 @@ class Runner:
             links=links,
             new_total=budget_ms is not None,
         )
+
+    async def _prepare(self, spec: ChainSpec) -> None:
+        """Pay one-time process costs before the budget clock starts: loading the in-process
+        model, importing the LangChain step executor. A long-lived runner pays them once."""
+        if any(step.runnable is not None for step in spec.steps) and self.runnable_executor is None:
+            self.runnable_executor = _runnable_executor()
+        models = {
+            model
+            for step in spec.steps
+            if step.llm is not None
+            for model in (step.llm.model, *step.fallbacks)
+        }
+        prepare = getattr(self.dispatcher, "prepare", None)
+        if models and prepare is not None:
+            with contextlib.suppress(ChainRTError):
+                await prepare(sorted(models))  # a failure shows up, clearly, in the step
 
     # ------------------------------------------------------------------ the loop
 
@@ -261,6 +279,7 @@ class Runner:
         self.progress.run_started(record, resumed=bool(done) or bool(links))
         state = _RunState(record, done)
         final = False
+        release = True
         with self.hooks.span(
             "chain.run",
             {
@@ -288,6 +307,12 @@ class Runner:
             except FencedOut as exc:
                 span.error(exc)
                 raise
+            except StoreUnavailable as exc:
+                # A write just failed against this store: a release would only wait on it
+                # again, past the budget, and cannot land either.
+                span.error(exc)
+                release = False
+                raise
             except asyncio.CancelledError:
                 if heartbeat.fenced:
                     raise FencedOut(
@@ -296,7 +321,7 @@ class Runner:
                 raise
             finally:
                 await heartbeat.stop()
-                if not final:
+                if not final and release:
                     # Cancelled or crashed inside the loop: give the lease back so that a
                     # resume can start at once; the recorded steps stay.
                     with contextlib.suppress(ChainRTError, asyncio.CancelledError):
@@ -572,11 +597,13 @@ class Runner:
             "checkpoint.write", {"chainrt.step_id": step.step_id if step else None}
         ):
             try:
-                await asyncio.wait_for(
-                    self.store.commit(state.record.run_id, token, progress, step), timeout
-                )
+                # Not wait_for: on Python 3.11 a cancellation racing the write can leave the
+                # write's own error (FencedOut) unretrieved in wait_for's inner task, printed
+                # as a traceback at exit. Here the write runs in this task and its error is raised.
+                async with asyncio.timeout(timeout):
+                    await self.store.commit(state.record.run_id, token, progress, step)
             except TimeoutError:
-                raise CheckpointError(
+                raise StoreUnavailable(
                     f"checkpoint of run {state.record.run_id} did not complete within the budget; "
                     f"the store ({self.store.url}) is too slow or down — resume the run when it is back"
                 ) from None
