@@ -142,6 +142,7 @@ class Runner:
         self.allowed_modules = allowed_modules
         self.runnable_executor = runnable_executor
         self._host = this_host()
+        self._tools: dict[tuple[str, str], Callable[..., Any]] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -234,6 +235,15 @@ class Runner:
             links=links,
             new_total=budget_ms is not None,
         )
+
+    def _tool(self, ref: str, chain_dir: Path) -> Callable[..., Any]:
+        """Resolve a tool reference once per runner (path checks cost more than the call)."""
+        key = (ref, str(chain_dir))
+        fn = self._tools.get(key)
+        if fn is None:
+            fn = resolve_callable(ref, chain_dir=chain_dir, allowed_modules=self.allowed_modules)
+            self._tools[key] = fn
+        return fn
 
     async def _prepare(self, spec: ChainSpec) -> None:
         """Pay one-time process costs before the budget clock starts: loading the in-process
@@ -357,8 +367,9 @@ class Runner:
                 for s in spec.steps
                 if s.id not in state.done or state.done[s.id].status not in FINAL_STEP_STATUSES
             ]
+            budgets = [_step_budget(s) for s in pending]
             for index, step in enumerate(pending):
-                left = [_step_budget(s) for s in pending[index:]]
+                left = budgets[index:]
                 decision = budget.decide(clock.remaining_ms(), left)
                 if isinstance(decision, budget.Stop):
                     await self._finish(
@@ -476,11 +487,7 @@ class Runner:
             if step.llm is not None:
                 return await run_llm(self.dispatcher, self._llm_call(step, scope, run_id), deadline)
             if step.tool is not None:
-                fn = resolve_callable(
-                    step.tool,
-                    chain_dir=source_dir or Path.cwd(),
-                    allowed_modules=self.allowed_modules,
-                )
+                fn = self._tool(step.tool, source_dir or Path.cwd())
                 kwargs = render_value(step.args, scope)
                 return await run_tool(
                     fn,
