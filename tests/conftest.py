@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def chainrt_home(tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+def chainrt_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with a fresh working directory (so `.chainrt/` lands in a temp dir)."""
     monkeypatch.chdir(str(tmp_path))
     return os.fspath(tmp_path)

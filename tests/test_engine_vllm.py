@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 import pytest
 import pytest_asyncio
 

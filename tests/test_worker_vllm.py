@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import openai
-import psutil  # type: ignore[import-untyped]
+import psutil
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from worker_fixtures import WorkerProcess
