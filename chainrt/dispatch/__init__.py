@@ -1,10 +1,26 @@
-"""Dispatch of LLM steps to model backends (DESIGN §7)."""
+"""Dispatch of LLM steps to model backends (DESIGN §7).
+
+    dispatcher = make_dispatcher("pool.yaml")          # models -> endpoints, plus "local"
+    answer = await dispatcher.complete(LlmCall(model="primary", messages=[...],
+                                               fallbacks=["local"]), deadline)
+    await dispatcher.close()
+
+The parts: the pool file (``_pool``), the shared HTTP client (``_client``), endpoint states
+(``_endpoints``) judged by pure breakers (``_breaker``) and a pure weighted choice (``_choice``),
+readiness polling (``_health``), the HTTP backend (``_http``), recent latency (``_latency``), the
+pure retry/fallback decisions (``_policy``) and the loop that applies them (``_dispatcher``).
+"""
 
 from __future__ import annotations
 
+import os
+
 from .._hooks import NO_HOOKS, Hooks
 from ._backend import BackendAnswer, BackendError, LocalBackend, ModelBackend
-from ._dispatcher import DispatchFailed, Dispatcher
+from ._dispatcher import Dispatcher, DispatchFailed
+from ._http import HttpBackend
+from ._latency import LatencyTracker
+from ._pool import PoolConfig, load_pool_config, parse_pool_config, pool_backends
 from ._types import LlmAnswer, LlmCall, Priority
 
 __all__ = [
@@ -12,20 +28,35 @@ __all__ = [
     "BackendError",
     "DispatchFailed",
     "Dispatcher",
+    "HttpBackend",
+    "LatencyTracker",
     "LlmAnswer",
     "LlmCall",
     "LocalBackend",
     "ModelBackend",
+    "PoolConfig",
     "Priority",
+    "load_pool_config",
     "make_dispatcher",
+    "parse_pool_config",
+    "pool_backends",
 ]
 
 
-def make_dispatcher(pool: str | None = None, *, hooks: Hooks = NO_HOOKS) -> Dispatcher:
-    """A dispatcher for the pool file at ``pool`` (None: only the in-process ``local`` model)."""
-    backends: dict[str, ModelBackend] = {"local": LocalBackend()}
-    if pool is not None:
-        from ._pool import load_pool_backends
+def make_dispatcher(
+    pool: str | os.PathLike[str] | PoolConfig | None = None, *, hooks: Hooks = NO_HOOKS
+) -> Dispatcher:
+    """A dispatcher for the pool file at ``pool`` (or a parsed :class:`PoolConfig`).
 
-        backends.update(load_pool_backends(pool, hooks=hooks))
-    return Dispatcher(backends, hooks=hooks)
+    ``None``: only the in-process ``local`` model. ``local`` stays the in-process model unless
+    the pool maps ``local`` to endpoints. :class:`~chainrt.SpecError` when the file is invalid.
+    """
+    backends: dict[str, ModelBackend] = {"local": LocalBackend()}
+    window = 20
+    if pool is not None:
+        config = pool if isinstance(pool, PoolConfig) else load_pool_config(pool)
+        backends.update(pool_backends(config, hooks=hooks))
+        window = config.latency_window
+    return Dispatcher(
+        backends, hooks=hooks, latency=LatencyTracker(size=window, min_samples=min(3, window))
+    )

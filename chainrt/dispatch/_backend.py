@@ -10,6 +10,9 @@ from ._types import LlmCall
 
 __all__ = ["BackendAnswer", "BackendError", "LocalBackend", "ModelBackend"]
 
+_PRIORITY_RANK = {"critical": 0, "high": 1, "normal": 2, "low": 3}
+"""``X-Priority`` names as the engines rank them (lower is served first), as workers do."""
+
 
 @dataclass(frozen=True, slots=True)
 class BackendAnswer:
@@ -49,11 +52,36 @@ class ModelBackend(abc.ABC):
     def available(self) -> bool:
         """False when the model has no usable endpoint right now (skip it at once)."""
 
+    def usable_elsewhere(self, avoid: frozenset[str]) -> bool:
+        """True when an endpoint other than those in ``avoid`` could take a request now.
+
+        A backend with a single place to send requests (the in-process model) has no elsewhere.
+        """
+        return False
+
+    def usable_count(self, avoid: frozenset[str]) -> int:
+        """How many endpoints outside ``avoid`` could take a request now."""
+        return 1 if self.available() else 0
+
+    def why_unavailable(self) -> str:
+        """Why :meth:`available` is False, for the attempt log."""
+        return "no usable endpoint"
+
     @abc.abstractmethod
     async def complete(
-        self, call: LlmCall, model: str, max_tokens: int, deadline: float
+        self,
+        call: LlmCall,
+        model: str,
+        max_tokens: int,
+        deadline: float,
+        *,
+        avoid: frozenset[str] = frozenset(),
     ) -> BackendAnswer:
-        """One attempt, stopping at ``deadline`` (unix seconds). BackendError on failure."""
+        """One attempt, stopping at ``deadline`` (unix seconds). BackendError on failure.
+
+        ``avoid`` names endpoints that already failed during this step: pick another one when
+        there is one.
+        """
 
     async def close(self) -> None:
         """Release connections."""
@@ -67,7 +95,13 @@ class LocalBackend(ModelBackend):
         return True
 
     async def complete(
-        self, call: LlmCall, model: str, max_tokens: int, deadline: float
+        self,
+        call: LlmCall,
+        model: str,
+        max_tokens: int,
+        deadline: float,
+        *,
+        avoid: frozenset[str] = frozenset(),
     ) -> BackendAnswer:
         from chainrt._errors import WorkerError
         from workers.engines import get_local_engine
@@ -80,6 +114,7 @@ class LocalBackend(ModelBackend):
             stop=call.stop,
             json_output=call.json_output,
             deadline=deadline,
+            priority=_PRIORITY_RANK[call.priority],
             request_id=f"{call.run_id}:{call.step_id}",
         )
         try:

@@ -1,7 +1,12 @@
 """The dispatch loop: primary, retries and fallbacks, all inside the step's deadline (DESIGN §7).
 
-Decisions (which model next, whether a retry fits) are plain functions of the clock and the
-attempt history; the loop only awaits backends and sleeps.
+For each model in ``[call.model, *call.fallbacks]`` the loop asks the pure functions of
+:mod:`._policy` and :mod:`._latency` what to do — skip the model (no usable endpoint, or its recent
+p50 cannot fit the time left), when to cut this attempt (keeping the next fallback's usual time in
+reserve), and after a failure whether a retry fits (tenacity drives the retries, the decision is
+:func:`~._policy.decide_retry`). It only awaits backends and sleeps. Every attempt lands in the
+attempt log with its endpoint, status, milliseconds and why the loop moved on; the static answer,
+when the step has one, closes the list.
 """
 
 from __future__ import annotations
@@ -9,18 +14,32 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from .._errors import DispatchError, NoEndpoint
 from .._hooks import NO_HOOKS, Hooks
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, BackendError, ModelBackend
+from ._latency import LatencyTracker, too_slow
+from ._policy import (
+    MIN_ATTEMPT_S,
+    Failure,
+    MoveOn,
+    NextCandidate,
+    Retry,
+    attempt_end,
+    decide_retry,
+    reserve_for,
+)
 from ._types import LlmAnswer, LlmCall
 
 __all__ = ["MIN_ATTEMPT_S", "DispatchFailed", "Dispatcher"]
 
-MIN_ATTEMPT_S = 0.005
-"""An attempt is not started with less time than this left."""
+_GUARD_SLACK_S = 0.05
+"""Backends stop themselves at the attempt's end; this guard cancels one that does not."""
 
 
 class DispatchFailed(DispatchError):
@@ -34,25 +53,55 @@ class DispatchFailed(DispatchError):
 class Dispatcher:
     """Sends LLM calls to model backends, with retries and fallbacks inside a deadline."""
 
-    def __init__(self, backends: Mapping[str, ModelBackend], *, hooks: Hooks = NO_HOOKS) -> None:
+    def __init__(
+        self,
+        backends: Mapping[str, ModelBackend],
+        *,
+        hooks: Hooks = NO_HOOKS,
+        latency: LatencyTracker | None = None,
+    ) -> None:
         self._backends = dict(backends)
-        self._hooks = hooks
+        self.hooks = hooks
+        """Observers of every attempt (one ``llm.dispatch`` span each)."""
+        self._in_flight: dict[str, int] = {}
+        self.latency = latency or LatencyTracker()
+        """Recent answer times per model (p50 decides skips, p90 reserves, p50 stuck cuts)."""
 
     @property
     def models(self) -> list[str]:
         """Model names this dispatcher knows."""
         return sorted(self._backends)
 
+    def backend(self, model: str) -> ModelBackend | None:
+        """The backend serving ``model`` (None when unknown)."""
+        return self._backends.get(model)
+
     async def complete(self, call: LlmCall, deadline: float) -> LlmAnswer:
         """Answer ``call`` before ``deadline`` (unix seconds) or raise DispatchFailed."""
         attempts: list[AttemptRecord] = []
-        for model in [call.model, *call.fallbacks]:
-            answer = await self._try_model(call, model, deadline, attempts)
+        order = [call.model, *call.fallbacks]
+        for index, model in enumerate(order):
+            backend = self._backends.get(model)
+            if backend is None:
+                _skip(attempts, model, f"model {model!r} is not in the pool (add it to --pool)")
+                continue
+            if not backend.available():
+                _skip(attempts, model, backend.why_unavailable())
+                continue
+            answer = await _ModelTry(
+                self, call, model, backend, order[index + 1 :], deadline, attempts
+            ).run()
             if answer is not None:
                 return answer
         if call.static_answer is not None:
             attempts.append(
-                AttemptRecord(attempt=len(attempts) + 1, model="static", status="ok", elapsed_ms=0)
+                AttemptRecord(
+                    attempt=len(attempts) + 1,
+                    model="static",
+                    status="ok",
+                    elapsed_ms=0,
+                    detail="every model failed; the step's static answer was used",
+                )
             )
             return LlmAnswer(
                 text=call.static_answer,
@@ -64,106 +113,24 @@ class Dispatcher:
         tried = "; ".join(f"{a.model}: {a.status} ({a.detail})" for a in attempts) or "nothing"
         raise DispatchFailed(f"no model answered step {call.step_id!r}: {tried}", attempts)
 
-    async def _try_model(
-        self, call: LlmCall, model: str, deadline: float, attempts: list[AttemptRecord]
-    ) -> LlmAnswer | None:
-        backend = self._backends.get(model)
-        if backend is None or not backend.available():
-            detail = "no endpoint configured" if backend is None else "no healthy endpoint"
-            attempts.append(
-                AttemptRecord(
-                    attempt=len(attempts) + 1,
-                    model=model,
-                    status="skipped",
-                    elapsed_ms=0,
-                    detail=detail,
+    def next_candidates(self, names: list[str], call: LlmCall) -> list[NextCandidate]:
+        """The fallbacks still to come (and the static answer), as the reserve sees them."""
+        now = time.monotonic()
+        out = []
+        for name in names:
+            backend = self._backends.get(name)
+            out.append(
+                NextCandidate(
+                    name,
+                    self.latency.p50(name, now),
+                    self.latency.p90(name, now),
+                    usable=backend is not None and backend.available(),
+                    in_flight=self._in_flight.get(name, 0),
                 )
             )
-            return None
-        max_tokens = call.max_tokens
-        backoff_s = call.backoff_ms / 1000
-        for try_no in range(1, call.attempts + 1):
-            left = deadline - time.time()
-            if left < MIN_ATTEMPT_S:
-                attempts.append(
-                    AttemptRecord(
-                        attempt=len(attempts) + 1,
-                        model=model,
-                        status="skipped",
-                        elapsed_ms=0,
-                        detail="no time left",
-                    )
-                )
-                return None
-            attempt_deadline = deadline
-            if call.attempt_timeout_ms is not None:
-                attempt_deadline = min(deadline, time.time() + call.attempt_timeout_ms / 1000)
-            started = time.perf_counter()
-            with self._hooks.span(
-                "llm.dispatch",
-                {
-                    "chainrt.model": model,
-                    "chainrt.attempt": try_no,
-                    "chainrt.step_id": call.step_id,
-                },
-            ) as span:
-                try:
-                    got = await _bounded(
-                        backend.complete(call, model, max_tokens, attempt_deadline),
-                        attempt_deadline,
-                    )
-                    _check_answer(call, got)
-                except BackendError as exc:
-                    span.error(exc)
-                    elapsed = (time.perf_counter() - started) * 1000
-                    attempts.append(
-                        AttemptRecord(
-                            attempt=len(attempts) + 1,
-                            model=model,
-                            endpoint=exc.endpoint,
-                            status=exc.error_class,
-                            elapsed_ms=round(elapsed, 3),
-                            detail=exc.message,
-                        )
-                    )
-                    if exc.advice_max_tokens and call.shrink_on_memory_pressure:
-                        max_tokens = max(1, min(max_tokens, exc.advice_max_tokens))
-                    wait_s = min(backoff_s, call.max_backoff_ms / 1000)
-                    if exc.retry_after_s is not None:
-                        wait_s = max(wait_s, exc.retry_after_s)
-                    if not exc.retryable or try_no == call.attempts:
-                        return None
-                    if time.time() + wait_s + MIN_ATTEMPT_S >= deadline:
-                        return None  # a retry would not fit: next fallback at once
-                    await asyncio.sleep(wait_s)
-                    backoff_s *= 2
-                    continue
-                elapsed = (time.perf_counter() - started) * 1000
-                span.set(
-                    **{
-                        "gen_ai.usage.input_tokens": got.prompt_tokens,
-                        "gen_ai.usage.output_tokens": got.completion_tokens,
-                    }
-                )
-            attempts.append(
-                AttemptRecord(
-                    attempt=len(attempts) + 1,
-                    model=model,
-                    endpoint=got.endpoint,
-                    status="ok" if got.finish_reason != "deadline" else "deadline",
-                    elapsed_ms=round(elapsed, 3),
-                )
-            )
-            return LlmAnswer(
-                text=got.text,
-                model=model,
-                endpoint=got.endpoint,
-                finish_reason=got.finish_reason,
-                prompt_tokens=got.prompt_tokens,
-                completion_tokens=got.completion_tokens,
-                attempts=attempts,
-            )
-        return None
+        if call.static_answer is not None:
+            out.append(NextCandidate("static", static=True))
+        return out
 
     async def close(self) -> None:
         """Close every backend."""
@@ -171,15 +138,217 @@ class Dispatcher:
             await backend.close()
 
 
-async def _bounded(awaitable: object, deadline: float) -> BackendAnswer:
-    """Await a backend attempt, cancelling it at ``deadline`` (backends should stop by then)."""
-    assert asyncio.iscoroutine(awaitable)
+def _skip(attempts: list[AttemptRecord], model: str, detail: str) -> None:
+    attempts.append(
+        AttemptRecord(
+            attempt=len(attempts) + 1, model=model, status="skipped", elapsed_ms=0, detail=detail
+        )
+    )
+
+
+class _Skipped(BackendError):
+    """The model is not tried (any more): no time, too slow, no endpoint. Never retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_class="skipped", retryable=False)
+
+
+class _ModelTry:
+    """The tries of one model for one call: tenacity drives them, decide_retry decides."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        call: LlmCall,
+        model: str,
+        backend: ModelBackend,
+        rest: list[str],
+        deadline: float,
+        attempts: list[AttemptRecord],
+    ) -> None:
+        self.d = dispatcher
+        self.call = call
+        self.model = model
+        self.backend = backend
+        self.rest = rest
+        self.deadline = deadline
+        self.attempts = attempts
+        self.max_tokens = call.max_tokens
+        self.tries_used = 0
+        self.next_counts = True
+        self.backoff_s = call.backoff_ms / 1000
+        self.avoid: set[str] = set()
+        self.reserve_s = 0.0
+        self.decision: Retry | MoveOn | None = None
+
+    async def run(self) -> LlmAnswer | None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(BackendError),
+            wait=self._wait,
+            stop=self._stop,
+            sleep=asyncio.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._attempt()
+        except BackendError:
+            return None
+        return None  # pragma: no cover - tenacity either returns or raises
+
+    async def _attempt(self) -> LlmAnswer:
+        call, model = self.call, self.model
+        if self.next_counts:
+            self.tries_used += 1
+        self.next_counts = True
+        now = time.time()
+        left = self.deadline - now
+        if left < MIN_ATTEMPT_S:
+            self._log("skipped", 0.0, None, "no time left")
+            raise _Skipped("no time left")
+        p50 = self.d.latency.p50(model, time.monotonic())
+        if too_slow(p50, left, keep_partial=call.keep_partial):
+            assert p50 is not None
+            why = f"its recent p50 of {p50 * 1000:.0f}ms does not fit the {left * 1000:.0f}ms left"
+            self._log("skipped", 0.0, None, why)
+            raise _Skipped(why)
+        self.reserve_s = reserve_for(
+            self.d.next_candidates(self.rest, call), left, keep_partial=call.keep_partial
+        )
+        end = attempt_end(
+            now,
+            self.deadline,
+            reserve_s=self.reserve_s,
+            own_p50_s=p50,
+            attempt_timeout_s=None
+            if call.attempt_timeout_ms is None
+            else call.attempt_timeout_ms / 1000,
+            retry_elsewhere=self.tries_used < call.attempts
+            and self.backend.usable_count(frozenset(self.avoid)) >= 2,
+            fallback_next=self.reserve_s > 0,
+        )
+        started = time.perf_counter()
+        with self.d.hooks.span(
+            "llm.dispatch",
+            {
+                "chainrt.run_id": call.run_id,
+                "chainrt.step_id": call.step_id,
+                "chainrt.model": model,
+                "chainrt.attempt": len(self.attempts) + 1,
+                "chainrt.fallback": model != call.model,
+                "chainrt.attempt_ms": round((end - now) * 1000, 3),
+                "gen_ai.request.max_tokens": self.max_tokens,
+            },
+        ) as span:
+            in_flight = self.d._in_flight
+            in_flight[model] = in_flight.get(model, 0) + 1
+            try:
+                got = await _bounded(
+                    self.backend.complete(
+                        call, model, self.max_tokens, end, avoid=frozenset(self.avoid)
+                    ),
+                    end,
+                )
+                _check_answer(call, got)
+            except BackendError as exc:
+                span.error(exc)
+                span.set(**{"chainrt.endpoint": exc.endpoint, "chainrt.status": exc.error_class})
+                elapsed = (time.perf_counter() - started) * 1000
+                if exc.error_class == "unavailable":
+                    self._log("skipped", elapsed, None, exc.message)
+                    raise _Skipped(exc.message) from None
+                self._log(exc.error_class, elapsed, exc.endpoint, exc.message)
+                if exc.endpoint is not None:
+                    self.avoid.add(exc.endpoint)
+                raise
+            finally:
+                in_flight[model] -= 1
+            elapsed = (time.perf_counter() - started) * 1000
+            status = "ok" if got.finish_reason != "deadline" else "deadline"
+            span.set(
+                **{
+                    "chainrt.endpoint": got.endpoint,
+                    "chainrt.status": status,
+                    "gen_ai.usage.input_tokens": got.prompt_tokens,
+                    "gen_ai.usage.output_tokens": got.completion_tokens,
+                }
+            )
+        if status == "ok":
+            self.d.latency.record(model, elapsed / 1000, time.monotonic())
+        self._log(status, elapsed, got.endpoint, None)
+        return LlmAnswer(
+            text=got.text,
+            model=model,
+            endpoint=got.endpoint,
+            finish_reason=got.finish_reason,
+            prompt_tokens=got.prompt_tokens,
+            completion_tokens=got.completion_tokens,
+            attempts=self.attempts,
+        )
+
+    def _log(
+        self, status: str, elapsed_ms: float, endpoint: str | None, detail: str | None
+    ) -> None:
+        self.attempts.append(
+            AttemptRecord(
+                attempt=len(self.attempts) + 1,
+                model=self.model,
+                endpoint=endpoint,
+                status=status,
+                elapsed_ms=round(elapsed_ms, 3),
+                detail=detail,
+            )
+        )
+
+    # ------------------------------------------------------------------ tenacity hooks
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, _Skipped) or not isinstance(exc, BackendError):
+            self.decision = MoveOn("")
+            return 0.0
+        failure = Failure(
+            error_class=exc.error_class,
+            retryable=exc.retryable,
+            retry_after_s=exc.retry_after_s,
+            advice_max_tokens=exc.advice_max_tokens,
+            elsewhere=self.backend.usable_elsewhere(frozenset(self.avoid)),
+        )
+        decision = decide_retry(
+            failure,
+            now=time.time(),
+            deadline=self.deadline,
+            reserve_s=self.reserve_s,
+            tries_used=self.tries_used,
+            max_tries=self.call.attempts,
+            backoff_s=self.backoff_s,
+            max_backoff_s=self.call.max_backoff_ms / 1000,
+            max_tokens=self.max_tokens,
+            shrink=self.call.shrink_on_memory_pressure,
+        )
+        self.decision = decision
+        last = self.attempts[-1]
+        last.detail = f"{last.detail}; {decision.why}" if last.detail else decision.why
+        if isinstance(decision, MoveOn):
+            return 0.0
+        self.max_tokens = decision.max_tokens
+        self.next_counts = decision.counts
+        if decision.counts and decision.wait_s > 0:
+            self.backoff_s *= 2
+        return decision.wait_s
+
+    def _stop(self, state: RetryCallState) -> bool:
+        return isinstance(self.decision, MoveOn)
+
+
+async def _bounded(work: Coroutine[Any, Any, BackendAnswer], end: float) -> BackendAnswer:
+    """Await a backend attempt, cancelling it a little after ``end`` (backends stop by then)."""
     try:
-        # A little slack: backends stop themselves at the deadline and return partial text.
-        return await asyncio.wait_for(awaitable, timeout=max(deadline - time.time(), 0) + 0.05)
+        return await asyncio.wait_for(work, timeout=max(end - time.time(), 0) + _GUARD_SLACK_S)
     except TimeoutError:
         raise BackendError(
-            "attempt ran past the deadline", error_class="timeout", retryable=False
+            "attempt ran past its end and was cancelled", error_class="timeout"
         ) from None
 
 
@@ -188,7 +357,6 @@ def _check_answer(call: LlmCall, got: BackendAnswer) -> None:
         raise BackendError(
             "generation cut off by the deadline",
             error_class="timeout",
-            retryable=False,
             endpoint=got.endpoint,
         )
     if call.json_output and got.finish_reason != "deadline":

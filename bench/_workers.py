@@ -1,0 +1,81 @@
+"""Start real ``chainrt-worker`` processes for the dispatch benchmarks (free port, wait ready)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chainrt.testing.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class BenchWorker:
+    """One ``python -m workers.cli serve --engine local ...`` process on a free port."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.argv = [sys.executable, "-m", "workers.cli", "serve", *args, "--port", str(self.port)]
+        self._log = tempfile.NamedTemporaryFile(prefix="bench-worker-", suffix=".log")  # noqa: SIM115
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120.0) -> BenchWorker:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH")] if p)
+        self.process = subprocess.Popen(
+            self.argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{Path(self._log.name).read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base}/health/ready", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"worker not ready after {timeout_s}s")
+
+    def faults(self, **change: Any) -> None:
+        """POST /admin/faults (the worker must run with --enable-fault-injection)."""
+        httpx.post(f"{self.base}/admin/faults", json=change, timeout=5).raise_for_status()
+
+    async def afaults(self, client: httpx.AsyncClient, **change: Any) -> None:
+        """The same, from async code."""
+        (await client.post(f"{self.base}/admin/faults", json=change, timeout=5)).raise_for_status()
+
+    def stop(self) -> None:
+        """Terminate (SIGTERM, then SIGKILL after 10 s)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._log.close()
+
+
+@contextlib.contextmanager
+def local_workers(count: int, *extra: str, served: str = "smol") -> Iterator[list[BenchWorker]]:
+    """``count`` local-engine workers serving the model name ``served``."""
+    started: list[BenchWorker] = []
+    try:
+        for _ in range(count):
+            args = ["--engine", "local", "--served-model-name", served, "--log-level", "warning"]
+            started.append(BenchWorker(*args, *extra).start())
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()

@@ -1,0 +1,215 @@
+"""Chain success rate under injected faults, with fallbacks on and off.
+
+    .venv/bin/python bench/fallback.py [--runs 2000] [--concurrency 4] [--modes off,retry,on]
+        [--error-rate 0.05] [--spike-ms 800] [--spike-every 3] [--spike-for 1] [--budget 3s]
+
+Two real workers (local llama.cpp engine, SmolLM2) serve the pool model ``primary``; each fails
+``--error-rate`` of its requests with a 500 (fault injection), and every ``--spike-every``
+seconds one of them, in turn, delays every request by ``--spike-ms`` for ``--spike-for`` seconds.
+A chain of three LLM steps (1 token each, budget ``--budget``) runs ``--runs`` times per mode,
+``--concurrency`` runs at a time, through one runner and one dispatcher per mode:
+
+* ``off``   — primary only, one try per step (a router with no retries and no fallbacks);
+* ``retry`` — two tries per step (the retry goes to the other worker), no fallback;
+* ``on``    — two tries, then the in-process ``local`` model as fallback.
+
+Prints per mode: chain success rate, p50/p99 run latency, how steps were answered, and how the
+failing steps' tries ended. Goal: >= 99.9 % success with fallbacks on.
+
+The default concurrency is 4 because each worker runs one llama.cpp generation at a time and
+all three engines (two workers and the in-process fallback) share the machine's CPU: more runs
+at once only queue, and an overloaded CPU is a third fault the fallback cannot absorb since it
+runs on the same cores (``--concurrency 8`` shows that case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _workers import BenchWorker, local_workers  # noqa: E402
+
+from chainrt._durations import parse_duration_ms  # noqa: E402
+from chainrt._runtime import open_runtime  # noqa: E402
+from chainrt.dispatch import make_dispatcher, parse_pool_config  # noqa: E402
+from chainrt.spec import spec_from_dict  # noqa: E402
+from workers.engines import get_local_engine  # noqa: E402
+
+MODES: dict[str, dict[str, Any]] = {
+    "off": {"fallbacks": [], "retry": {"attempts": 1}},
+    "retry": {"fallbacks": [], "retry": {"attempts": 2, "backoff": "20ms"}},
+    "on": {"fallbacks": ["local"], "retry": {"attempts": 2, "backoff": "20ms"}},
+}
+
+
+def _chain(mode: str, budget: str) -> dict[str, Any]:
+    steps = [
+        {
+            "id": step,
+            "llm": {
+                "model": "primary",
+                "prompt": f"Step {step}: {{{{ input.q }}}}",
+                "max_tokens": 1,
+            },
+            **MODES[mode],
+        }
+        for step in ("a", "b", "c")
+    ]
+    return {"name": f"fallback-{mode}", "budget": budget, "inputs": {"q": "str"}, "steps": steps}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _spikes(
+    workers: list[BenchWorker], every_s: float, for_s: float, spike_ms: float
+) -> None:
+    async with httpx.AsyncClient() as client:
+        turn = 0
+        while True:
+            await asyncio.sleep(max(every_s - for_s, 0))
+            worker = workers[turn % len(workers)]
+            turn += 1
+            await worker.afaults(client, latency_ms=spike_ms)
+            try:
+                await asyncio.sleep(for_s)
+            finally:
+                await asyncio.shield(worker.afaults(client, latency_ms=0))
+
+
+async def _mode(mode: str, args: argparse.Namespace, workers: list[BenchWorker], store: str) -> str:
+    endpoints = ", ".join(f"{{url: '{w.base}'}}" for w in workers)
+    pool = parse_pool_config(
+        f"models:\n  primary:\n    served_model: smol\n    endpoints: [{endpoints}]\n"
+        "health: {interval: 500ms, timeout: 300ms}\n"
+    )
+    dispatcher = make_dispatcher(pool)
+    spec = spec_from_dict(_chain(mode, args.budget))
+    latencies: list[float] = []
+    statuses: collections.Counter[str] = collections.Counter()
+    answered: collections.Counter[str] = collections.Counter()
+    reasons: collections.Counter[str] = collections.Counter()
+    gate = asyncio.Semaphore(args.concurrency)
+    shown: list[str] = []
+    try:
+        async with open_runtime(store=store, pool=dispatcher) as runtime:
+
+            async def one(i: int) -> None:
+                async with gate:
+                    started = time.perf_counter()
+                    result = await runtime.runner.run(spec, {"q": "Say OK"}, run_id=f"{mode}-{i}")
+                    latencies.append((time.perf_counter() - started) * 1000)
+                statuses[result.status] += 1
+                for step in result.steps:
+                    if step.status == "completed":
+                        how = "primary, retried" if step.attempts > 1 else "primary"
+                        answered[step.fallback or how] += 1
+                if result.status == "completed":
+                    return
+                steps_rec = await runtime.store.get_steps(result.run_id)
+                stopped = steps_rec.get(result.stopped_at or "")
+                if stopped is not None:
+                    # e.g. "primary:5xx > local:timeout": how the failing step's tries ended
+                    reasons[" > ".join(f"{a.model}:{a.status}" for a in stopped.attempt_log)] += 1
+                if len(shown) < args.show_failures:
+                    shown.append(
+                        f"  {result.run_id} ({latencies[-1]:.0f} ms): "
+                        + " | ".join(
+                            f"{sid} [{rec.allotted_ms:.0f}ms] "
+                            + ", ".join(
+                                f"{a.model}@{(a.endpoint or '-').rsplit(':', 1)[-1]} "
+                                f"{a.status} {a.elapsed_ms:.0f}ms"
+                                for a in rec.attempt_log
+                            )
+                            for sid, rec in steps_rec.items()
+                        )
+                    )
+
+            spikes = asyncio.create_task(
+                _spikes(workers, args.spike_every, args.spike_for, args.spike_ms)
+            )
+            began = time.perf_counter()
+            try:
+                await asyncio.gather(*(one(i) for i in range(args.runs)))
+            finally:
+                spikes.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await spikes
+            wall = time.perf_counter() - began
+    finally:
+        await dispatcher.close()
+    ok = statuses["completed"]
+    steps = ", ".join(f"{k} {v}" for k, v in answered.most_common())
+    line = (
+        f"{mode:<6} success {ok / args.runs * 100:7.3f} % ({ok}/{args.runs})   "
+        f"p50 {_pct(latencies, 0.5):6.1f} ms   p99 {_pct(latencies, 0.99):7.1f} ms   "
+        f"[{wall:.0f}s]   steps answered by: {steps}"
+    )
+    if reasons:
+        line += "\n       failed steps ended: " + "; ".join(
+            f"{n}x {r}" for r, n in reasons.most_common(4)
+        )
+    return "\n".join([line, *shown])
+
+
+async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[str]:
+    await get_local_engine().start()  # load the fallback model before the clock starts
+    for worker in workers:
+        worker.faults(error_rate=args.error_rate)
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes.split(","):
+            line = await _mode(mode, args, workers, f"sqlite:///{tmp}/{mode}.db")
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--modes", default="off,retry,on")
+    parser.add_argument("--error-rate", type=float, default=0.05)
+    parser.add_argument("--spike-ms", type=float, default=800.0)
+    parser.add_argument("--spike-every", type=float, default=3.0)
+    parser.add_argument("--spike-for", type=float, default=1.0)
+    parser.add_argument("--budget", default="3s")
+    parser.add_argument(
+        "--show-failures", type=int, default=0, help="print N failed runs' attempts"
+    )
+    args = parser.parse_args()
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        parser.error(
+            f"unknown mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}"
+        )
+    parse_duration_ms(args.budget)
+    print(
+        f"{args.runs} runs x 3 LLM steps per mode, {args.concurrency} at a time, budget {args.budget}; "
+        f"2 workers, {args.error_rate * 100:g} % injected 500s, +{args.spike_ms:g} ms spikes "
+        f"{args.spike_for:g}s of every {args.spike_every:g}s (alternating workers)",
+        flush=True,
+    )
+    with local_workers(2, "--enable-fault-injection", "--health-interval", "600") as workers:
+        asyncio.run(_main(args, workers))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The one pooled ``httpx.AsyncClient`` a dispatcher uses for every endpoint (DESIGN §7).
+
+TCP endpoints share one connection pool; Unix-socket endpoints (``unix:///run/w1.sock``) are
+reached through the same client: each socket path gets a stable made-up host name, and a routing
+transport sends requests for that host through an ``AsyncHTTPTransport(uds=path)``. Connections
+belong to the event loop that opened them, so the client is created lazily inside the running
+loop (and replaced if the dispatcher is later used from another loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from urllib.parse import urlsplit
+
+import httpx
+
+__all__ = ["ClientPool", "base_url"]
+
+_UDS_DOMAIN = ".uds.chainrt.invalid"
+"""``.invalid`` can never resolve (RFC 2606): a made-up host can never reach a real server."""
+
+_LIMITS = httpx.Limits(max_connections=2000, max_keepalive_connections=500, keepalive_expiry=30)
+
+
+def base_url(url: str) -> str:
+    """The HTTP base URL requests to endpoint ``url`` are sent to.
+
+    ``http://h:8000`` stays as it is; ``unix:///run/w1.sock`` becomes
+    ``http://<hash>.uds.chainrt.invalid``, which :class:`ClientPool` routes to that socket.
+    """
+    if url.startswith("unix://"):
+        digest = hashlib.sha1(url.encode(), usedforsecurity=False).hexdigest()[:20]
+        return f"http://{digest}{_UDS_DOMAIN}"
+    return url
+
+
+class _Router(httpx.AsyncBaseTransport):
+    """Sends requests for made-up UDS hosts through a socket transport; the rest over TCP."""
+
+    def __init__(self, sockets: dict[str, str]) -> None:
+        self._sockets = sockets  # made-up host -> socket path (shared, grows as pools register)
+        self._tcp = httpx.AsyncHTTPTransport(limits=_LIMITS)
+        self._uds: dict[str, httpx.AsyncHTTPTransport] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host.endswith(_UDS_DOMAIN):
+            path = self._sockets.get(host)
+            if path is None:
+                raise httpx.ConnectError(
+                    f"no Unix socket is registered for {host}", request=request
+                )
+            transport = self._uds.get(path)
+            if transport is None:
+                transport = self._uds[path] = httpx.AsyncHTTPTransport(uds=path, limits=_LIMITS)
+            return await transport.handle_async_request(request)
+        return await self._tcp.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for transport in [self._tcp, *self._uds.values()]:
+            with contextlib.suppress(Exception):
+                await transport.aclose()
+
+
+class ClientPool:
+    """Hands out the shared client of the running event loop."""
+
+    def __init__(self) -> None:
+        self._sockets: dict[str, str] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def register(self, url: str) -> str:
+        """Make endpoint ``url`` reachable; returns its HTTP base URL (see :func:`base_url`)."""
+        base = base_url(url)
+        if url.startswith("unix://"):
+            self._sockets[urlsplit(base).hostname or ""] = urlsplit(url).path
+        return base
+
+    def get(self) -> httpx.AsyncClient:
+        """The client of the running loop (created on first use)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # A client left behind by another (finished) loop cannot be closed from this one;
+            # its connections died with that loop.
+            self._client = httpx.AsyncClient(
+                transport=_Router(self._sockets), timeout=60.0, follow_redirects=False
+            )
+            self._loop = loop
+        return self._client
+
+    async def close(self) -> None:
+        """Close the client (if it belongs to the running loop)."""
+        client, self._client = self._client, None
+        if client is not None and self._loop is asyncio.get_running_loop():
+            await client.aclose()
+        self._loop = None

@@ -1,0 +1,344 @@
+"""A model served by HTTP endpoints: chainrt workers or any OpenAI-compatible server (DESIGN §7).
+
+One :class:`HttpBackend` per pool model. Each attempt picks an endpoint (:mod:`._choice` over the
+states in :mod:`._endpoints`), passes its breakers, and POSTs ``/v1/chat/completions`` through
+the pool's one shared client with:
+
+* ``X-Chainrt-Deadline`` — the attempt's end in unix ms (a chainrt worker stops generating then);
+* ``X-Priority`` — the step's priority; ``traceparent`` — the ``llm.dispatch`` span's context;
+* a client timeout equal to the time left, so a server that accepts and never answers costs this
+  attempt and nothing more.
+
+Every failure becomes a :class:`BackendError` whose ``error_class`` is one of the breaker
+classes — ``connect`` (refused, dropped), ``timeout``, ``5xx``, ``oom`` (503), ``overloaded``
+(429, with the worker's ``max_tokens`` advice) — or ``bad_request`` (4xx: the request itself is
+wrong, retrying cannot help) or ``unavailable`` (no endpoint may be tried now).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from .._hooks import NO_HOOKS, Hooks
+from ._backend import BackendAnswer, BackendError, ModelBackend
+from ._breaker import BreakerPolicy
+from ._choice import choose
+from ._client import ClientPool
+from ._endpoints import EndpointTable, Ticket
+from ._health import HealthPoller
+from ._types import LlmCall
+
+__all__ = ["HttpBackend", "PoolResources", "error_from_response", "parse_retry_after"]
+
+CHAT_PATH = "/v1/chat/completions"
+_MAX_RETRY_AFTER_S = 3600.0
+_DETAIL_CHARS = 200
+
+
+class PoolResources:
+    """What the backends of one pool share: the client, the endpoint table, the health poller."""
+
+    def __init__(
+        self,
+        policies: Mapping[str, BreakerPolicy],
+        *,
+        health_interval_s: float | None = 1.0,
+        health_timeout_s: float = 0.5,
+        connect_timeout_s: float = 1.0,
+    ) -> None:
+        self.clients = ClientPool()
+        self.table = EndpointTable(policies, unready_on_connect_error=health_interval_s is not None)
+        self.health = (
+            None
+            if health_interval_s is None
+            else HealthPoller(
+                self.table, self.clients, interval_s=health_interval_s, timeout_s=health_timeout_s
+            )
+        )
+        self.connect_timeout_s = connect_timeout_s
+
+    def register(self, url: str) -> str:
+        """Make ``url`` reachable (and polled); returns the HTTP base to send requests to."""
+        base = self.clients.register(url)
+        if self.health is not None:
+            self.health.watch(url, base)
+        return base
+
+    def start(self) -> None:
+        """Start health polling in the running loop (idempotent, cheap)."""
+        if self.health is not None:
+            self.health.ensure_running()
+
+    async def close(self) -> None:
+        """Stop polling and close the client (idempotent)."""
+        if self.health is not None:
+            await self.health.close()
+        await self.clients.close()
+
+
+class HttpBackend(ModelBackend):
+    """One pool model and its endpoints ((url, capacity) pairs)."""
+
+    def __init__(
+        self,
+        model: str,
+        served_model: str,
+        endpoints: Sequence[tuple[str, float]],
+        *,
+        resources: PoolResources,
+        hooks: Hooks = NO_HOOKS,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.model = model
+        self.served_model = served_model
+        self.endpoints = list(endpoints)
+        self.resources = resources
+        self._hooks = hooks
+        self._rng = rng
+        self._bases = {url: resources.register(url) for url, _ in self.endpoints}
+
+    def available(self) -> bool:
+        return self.usable_elsewhere(frozenset())
+
+    def usable_elsewhere(self, avoid: frozenset[str]) -> bool:
+        return self.usable_count(avoid) > 0
+
+    def usable_count(self, avoid: frozenset[str]) -> int:
+        table = self.resources.table
+        now = time.monotonic()
+        return sum(
+            url not in avoid and table.why_unusable(table.state(url), now) is None
+            for url, _ in self.endpoints
+        )
+
+    def why_unavailable(self) -> str:
+        """Why no endpoint can be tried now, one reason per endpoint."""
+        table = self.resources.table
+        now = time.monotonic()
+        return "; ".join(
+            f"{url}: {table.why_unusable(table.state(url), now) or 'usable'}"
+            for url, _ in self.endpoints
+        )
+
+    async def complete(
+        self,
+        call: LlmCall,
+        model: str,
+        max_tokens: int,
+        deadline: float,
+        *,
+        avoid: frozenset[str] = frozenset(),
+    ) -> BackendAnswer:
+        self.resources.start()
+        ticket = self._pick(avoid)
+        url = ticket.endpoint.url
+        table = self.resources.table
+        finished = False
+        try:
+            try:
+                answer = await self._post(call, url, max_tokens, deadline)
+            except BackendError as exc:
+                # A 429 with max_tokens advice refused this request's size, not the endpoint:
+                # a smaller request may go at once, so its Retry-After holds this request only.
+                endpoint_wait = None if exc.advice_max_tokens is not None else exc.retry_after_s
+                table.finish(
+                    ticket,
+                    error_class=exc.error_class,
+                    now=time.monotonic(),
+                    retry_after_s=endpoint_wait,
+                )
+                finished = True
+                raise
+            table.finish(ticket, error_class=None, now=time.monotonic())
+            finished = True
+            return answer
+        finally:
+            if not finished:  # cancelled (or a bug): no verdict on the endpoint
+                table.abandon(ticket)
+
+    async def close(self) -> None:
+        """Stop the pool's health polling and close its client (shared: the first close does it)."""
+        await self.resources.close()
+
+    def _pick(self, avoid: frozenset[str]) -> Ticket:
+        table = self.resources.table
+        now = time.monotonic()
+        candidates = table.candidates(self.endpoints, now, avoid)
+        index = choose(candidates, self._rng())
+        ticket = None if index is None else table.admit(table.state(candidates[index].key), now)
+        if ticket is None:
+            raise BackendError(
+                f"no endpoint of {self.model!r} can take a request now ({self.why_unavailable()})",
+                error_class="unavailable",
+                retryable=False,
+            )
+        return ticket
+
+    async def _post(
+        self, call: LlmCall, url: str, max_tokens: int, deadline: float
+    ) -> BackendAnswer:
+        left = deadline - time.time()
+        if left <= 0:
+            raise BackendError("no time left for the request", error_class="timeout", endpoint=url)
+        headers = {
+            "Content-Type": "application/json",
+            "X-Chainrt-Deadline": str(math.floor(deadline * 1000)),
+            "X-Priority": call.priority,
+        }
+        # Taken here, inside the dispatcher's llm.dispatch span, so the worker's span is its child.
+        traceparent = self._hooks.traceparent() or call.traceparent
+        if traceparent:
+            headers["traceparent"] = traceparent
+        if call.run_id:
+            headers["X-Request-Id"] = f"{call.run_id}:{call.step_id}"
+        timeout = httpx.Timeout(left, connect=min(left, self.resources.connect_timeout_s))
+        client = self.resources.clients.get()
+        try:
+            # httpx times connect, write and read apart; this bounds the whole exchange, so the
+            # attempt ends at its deadline with a verdict on the endpoint.
+            async with asyncio.timeout(left):
+                response = await client.post(
+                    self._bases[url] + CHAT_PATH,
+                    content=_body(call, self.served_model, max_tokens),
+                    headers=headers,
+                    timeout=timeout,
+                )
+        except TimeoutError:
+            raise _error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise _error(
+                    f"connecting took over {timeout.connect or 0:.2f}s", "connect", url
+                ) from None
+            raise _error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
+        except httpx.ConnectError as exc:
+            raise _error(f"cannot connect: {_short(exc)}", "connect", url) from None
+        except httpx.HTTPError as exc:
+            raise _error(
+                f"connection dropped: {type(exc).__name__}: {_short(exc)}", "connect", url
+            ) from None
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.headers, response.content, url)
+        return _answer(response.content, url)
+
+
+def _body(call: LlmCall, served_model: str, max_tokens: int) -> bytes:
+    payload: dict[str, Any] = {
+        "model": served_model,
+        "messages": [{"role": role, "content": content} for role, content in call.messages],
+        "max_tokens": max_tokens,
+        "temperature": call.temperature,
+    }
+    if call.stop:
+        payload["stop"] = call.stop
+    if call.json_output:
+        payload["response_format"] = {"type": "json_object"}
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:_DETAIL_CHARS]
+
+
+def _error(message: str, error_class: str, url: str, *, retryable: bool = True) -> BackendError:
+    return BackendError(message, error_class=error_class, retryable=retryable, endpoint=url)
+
+
+def _answer(content: bytes, url: str) -> BackendAnswer:
+    """The answer in an OpenAI chat.completion body; a malformed body is the server's fault."""
+    try:
+        data = json.loads(content)
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+        finish = choice.get("finish_reason") or "stop"
+        usage = data.get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        if not isinstance(text, str) or not isinstance(finish, str):
+            raise TypeError("content and finish_reason must be strings")
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise _error(
+            f"malformed chat completion from the server: {_short(exc)}", "5xx", url
+        ) from None
+    return BackendAnswer(text, finish, prompt_tokens, completion_tokens, endpoint=url)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` (seconds or an HTTP date) as seconds from now; None when absent or bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+
+
+def _error_fields(body: bytes) -> tuple[str | None, str, dict[str, Any]]:
+    """(type, message, advice) from an OpenAI-style (or vLLM-style) error body."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None, " ".join(body[:_DETAIL_CHARS].decode("utf-8", "replace").split()), {}
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        error = data if isinstance(data, dict) else {}
+    kind = error.get("type")
+    message = error.get("message")
+    advice = error.get("advice")
+    return (
+        kind if isinstance(kind, str) else None,
+        " ".join(str(message).split())[:_DETAIL_CHARS] if message is not None else "",
+        advice if isinstance(advice, dict) else {},
+    )
+
+
+def _positive_number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def error_from_response(
+    status: int, headers: Mapping[str, str], body: bytes, url: str
+) -> BackendError:
+    """The :class:`BackendError` a non-200 answer means (pure: no I/O)."""
+    kind, message, advice = _error_fields(body)
+    what = f"HTTP {status}" + (f" {kind}" if kind else "") + (f": {message}" if message else "")
+    retry_after = parse_retry_after(headers.get("retry-after"))
+    if status == 429:
+        advised_wait = _positive_number(advice.get("retry_after_s"))
+        tokens = advice.get("max_tokens")
+        return BackendError(
+            what,
+            error_class="overloaded",
+            retry_after_s=advised_wait if advised_wait is not None else retry_after,
+            endpoint=url,
+            advice_max_tokens=tokens
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
+            else None,
+        )
+    if status == 503:
+        return BackendError(what, error_class="oom", retry_after_s=retry_after, endpoint=url)
+    if status in (408, 504):  # the deadline passed on the server's side (queued too long)
+        return BackendError(what, error_class="timeout", endpoint=url)
+    if 400 <= status < 500:
+        return BackendError(what, error_class="bad_request", retryable=False, endpoint=url)
+    return BackendError(what, error_class="5xx", retry_after_s=retry_after, endpoint=url)

@@ -1,0 +1,218 @@
+"""The decisions of the dispatch loop, as pure functions of the clock and what happened so far.
+
+Three questions, each answered without I/O (the loop in ``_dispatcher`` only awaits and sleeps):
+
+* :func:`reserve_for` — how much of the time left to keep for the next fallback (its recent
+  90th-percentile answer time, with a margin), so that a primary that hangs cannot eat the whole
+  allotment;
+* :func:`attempt_end` — when this attempt is cut off: the step deadline minus that reserve, but
+  never below what this candidate usually needs, never past ``attempt_timeout``, and no later
+  than 3× its usual answer time when another endpoint of the same model could take a retry
+  (5× when only a fallback model could): a model that slow is stuck, not busy;
+* :func:`decide_retry` — after a failure: retry now, retry after a wait, or move on to the next
+  fallback at once. A retry is taken only when it fits before the reserve; a ``Retry-After`` is
+  honoured only when it fits; a refused connection moves to another endpoint of the same model
+  without spending a try; a timed-out attempt is retried only on another endpoint (the same one
+  would time out again); a ``429`` with advice retries once with the advised ``max_tokens``
+  when the step allows it (``on_memory_pressure: shrink``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._latency import too_slow
+
+__all__ = [
+    "FALLBACK_STUCK_FACTOR",
+    "MAX_RESERVE_SHARE",
+    "MIN_ATTEMPT_S",
+    "MIN_STUCK_S",
+    "OWN_FLOOR_FACTOR",
+    "RESERVE_FACTOR",
+    "STUCK_FACTOR",
+    "UNKNOWN_RESERVE_SHARE",
+    "Failure",
+    "MoveOn",
+    "NextCandidate",
+    "Retry",
+    "attempt_end",
+    "decide_retry",
+    "reserve_for",
+]
+
+MIN_ATTEMPT_S = 0.005
+"""An attempt is not started with less time than this left."""
+RESERVE_FACTOR = 2.0
+"""The next fallback is kept its recent 90th-percentile answer time times this: a fallback is
+needed exactly when things are slow, and a reserve too short wastes the whole attempt."""
+UNKNOWN_RESERVE_SHARE = 0.25
+"""Share of the time left kept for a next fallback whose latency is not known yet."""
+MAX_RESERVE_SHARE = 0.5
+"""The reserve never takes more than this share of the time left from the current candidate."""
+OWN_FLOOR_FACTOR = 2.0
+"""A candidate's attempt is never cut below its own median times this (when that fits)."""
+STUCK_FACTOR = 3.0
+"""An attempt slower than its model's median times this is cut when it can be retried elsewhere."""
+FALLBACK_STUCK_FACTOR = 5.0
+"""An attempt slower than its model's median times this is cut when a fallback model waits."""
+MIN_STUCK_S = 0.25
+"""... but never before this many seconds (medians of tiny answers are noisy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NextCandidate:
+    """A fallback still to come, as the reserve sees it."""
+
+    name: str
+    p50_s: float | None = None
+    p90_s: float | None = None
+    static: bool = False
+    """The static answer: costs no time."""
+    usable: bool = True
+    """False for a model with no usable endpoint (it will be skipped)."""
+    in_flight: int = 0
+    """Attempts on it in flight now: when many steps fall back at once, they queue there."""
+
+
+def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: bool) -> float:
+    """Seconds to keep free for the first fallback in ``rest`` that would actually be tried.
+
+    Zero when the next thing to try is the static answer, or nothing: then the current candidate
+    may use every millisecond left.
+    """
+    for candidate in rest:
+        if candidate.static:
+            return 0.0
+        if not candidate.usable or too_slow(candidate.p50_s, left_s, keep_partial=keep_partial):
+            continue
+        known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
+        if known is None:
+            need = left_s * UNKNOWN_RESERVE_SHARE
+        else:
+            need = known * RESERVE_FACTOR + candidate.in_flight * (candidate.p50_s or known)
+        return min(need, left_s * MAX_RESERVE_SHARE)
+    return 0.0
+
+
+def attempt_end(
+    now: float,
+    deadline: float,
+    *,
+    reserve_s: float,
+    own_p50_s: float | None,
+    attempt_timeout_s: float | None,
+    retry_elsewhere: bool = False,
+    fallback_next: bool = False,
+) -> float:
+    """When an attempt starting at ``now`` is cut off (same clock as ``deadline``).
+
+    ``retry_elsewhere``: a try is left and another endpoint of this model is usable now.
+    ``fallback_next``: a fallback model would be tried after this one.
+    """
+    end = deadline - reserve_s
+    if own_p50_s is not None:
+        # A primary that usually needs 800 ms is not cut at 500 ms to keep a fallback's reserve:
+        # that would turn every one of its answers into a timeout.
+        end = max(end, now + own_p50_s * OWN_FLOOR_FACTOR)
+        # A model answering several times slower than usual is stuck (a spike, a hung worker):
+        # the same model elsewhere, or failing that a fallback, answers sooner than waiting.
+        factor = (
+            STUCK_FACTOR if retry_elsewhere else FALLBACK_STUCK_FACTOR if fallback_next else None
+        )
+        if factor is not None:
+            end = min(end, now + max(own_p50_s * factor, MIN_STUCK_S))
+    if attempt_timeout_s is not None:
+        end = min(end, now + attempt_timeout_s)
+    return max(min(end, deadline), min(now + MIN_ATTEMPT_S, deadline))
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What a failed attempt tells the retry decision."""
+
+    error_class: str
+    retryable: bool = True
+    retry_after_s: float | None = None
+    advice_max_tokens: int | None = None
+    elsewhere: bool = False
+    """Another endpoint of the same model is usable right now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Try the same model again after ``wait_s``, asking for ``max_tokens``."""
+
+    wait_s: float
+    max_tokens: int
+    counts: bool
+    """Whether this retry spends one of the step's tries."""
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class MoveOn:
+    """Give up on this model; the next fallback is tried at once."""
+
+    why: str
+
+
+def decide_retry(
+    failure: Failure,
+    *,
+    now: float,
+    deadline: float,
+    reserve_s: float,
+    tries_used: int,
+    max_tries: int,
+    backoff_s: float,
+    max_backoff_s: float,
+    max_tokens: int,
+    shrink: bool,
+) -> Retry | MoveOn:
+    """Retry the model (and when), or move on. ``tries_used`` counts tries spent so far."""
+    usable_end = deadline - reserve_s
+
+    def fits(wait_s: float) -> bool:
+        return now + wait_s + MIN_ATTEMPT_S <= usable_end
+
+    advice = failure.advice_max_tokens
+    if (
+        failure.error_class == "overloaded"
+        and shrink
+        and advice is not None
+        and 0 < advice < max_tokens
+    ):
+        if fits(0.0):
+            return Retry(
+                0.0, advice, False, f"retrying at once with the advised max_tokens={advice}"
+            )
+        return MoveOn("no time left to retry with the advised max_tokens; next fallback")
+    if failure.error_class == "connect" and failure.elsewhere:
+        if fits(0.0):
+            return Retry(0.0, max_tokens, False, "endpoint unreachable; trying another endpoint")
+        return MoveOn("endpoint unreachable and no time left for another; next fallback")
+    if not failure.retryable:
+        return MoveOn(f"{failure.error_class} is not retried; next fallback")
+    if failure.error_class == "timeout" and not failure.elsewhere:
+        return MoveOn("timed out and no other endpoint is usable; next fallback")
+    if tries_used >= max_tries:
+        return MoveOn(f"no tries left ({tries_used} of {max_tries} used); next fallback")
+    if failure.elsewhere:
+        wait = 0.0  # another endpoint is free now: no reason to back off
+    else:
+        wait = min(backoff_s, max_backoff_s)
+        if failure.retry_after_s is not None:
+            wait = max(wait, failure.retry_after_s)
+    if not fits(wait):
+        left = max(usable_end - now, 0.0)
+        hint = (
+            " (Retry-After)" if failure.retry_after_s is not None and not failure.elsewhere else ""
+        )
+        return MoveOn(
+            f"a retry in {wait * 1000:.0f}ms{hint} does not fit the {left * 1000:.0f}ms left; "
+            "next fallback"
+        )
+    where = "on another endpoint" if failure.elsewhere else f"in {wait * 1000:.0f}ms"
+    return Retry(wait, max_tokens, True, f"retrying {where}")

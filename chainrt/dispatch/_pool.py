@@ -1,0 +1,260 @@
+"""The worker-pool file (``--pool`` / ``CHAINRT_POOL``): model names → endpoints (DESIGN §7).
+
+    models:
+      primary:
+        served_model: qwen3-8b          # the name sent to the server (default: the key)
+        endpoints:
+          - {url: "http://gpu-node-1:8000", capacity: 128000}
+          - {url: "unix:///run/chainrt/w1.sock", capacity: 64000}
+    health: {interval: 1s, timeout: 500ms}          # optional: /health/ready polling
+    breakers:                                       # optional: per error class
+      connect: {min_requests: 2, cooldown: 2s}
+    connect_timeout: 1s                             # optional
+    latency_window: 20                              # optional: answers kept per model for p50
+
+The file is read like a chain file (same safe YAML loader); every problem is one
+:class:`~chainrt.SpecError` naming ``file:line: field``. ``local`` stays the in-process model
+unless the file maps ``local`` to endpoints of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .._errors import SpecError
+from .._hooks import NO_HOOKS, Hooks
+from ..spec._models import DurationMs
+from ..spec._template import format_path
+from ..spec._yaml import YamlDocument, parse_yaml, read_yaml
+from ._backend import ModelBackend
+from ._breaker import BREAKER_CLASSES, DEFAULT_POLICIES, BreakerPolicy
+
+__all__ = [
+    "BreakerConfig",
+    "EndpointConfig",
+    "HealthConfig",
+    "ModelConfig",
+    "PoolConfig",
+    "load_pool_backends",
+    "load_pool_config",
+    "parse_pool_config",
+    "pool_backends",
+]
+
+_RESERVED_MODELS = frozenset({"static"})
+"""Names the attempt log uses for itself (the static answer)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointConfig(_Strict):
+    """One server of a model."""
+
+    url: str = Field(description="http://host:port[/prefix], https://..., or unix:///path.sock")
+    capacity: float = Field(
+        default=1.0,
+        gt=0,
+        le=1e12,
+        description="Relative size (e.g. KV-cache tokens); traffic is shared in proportion.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme in ("http", "https"):
+            if not parts.hostname:
+                raise ValueError(f"url {value!r} has no host; write http://host:port")
+            try:
+                parts.port  # noqa: B018 - raises ValueError on a bad port
+            except ValueError:
+                raise ValueError(f"url {value!r} has an invalid port") from None
+            if parts.query or parts.fragment:
+                raise ValueError(f"url {value!r} must not have a query or fragment")
+            return value.rstrip("/")
+        if parts.scheme == "unix":
+            if parts.netloc or not parts.path.startswith("/"):
+                raise ValueError(
+                    f"url {value!r}: a Unix socket is written unix:///absolute/path.sock"
+                )
+            return value
+        raise ValueError(f"url {value!r} must start with http://, https:// or unix:///")
+
+
+class ModelConfig(_Strict):
+    """A model name of the pool and the servers that serve it."""
+
+    served_model: str | None = Field(
+        default=None, min_length=1, description="Model name sent to the servers (default: key)."
+    )
+    endpoints: list[EndpointConfig] = Field(min_length=1, max_length=1000)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _unique(cls, value: list[EndpointConfig]) -> list[EndpointConfig]:
+        seen: set[str] = set()
+        for endpoint in value:
+            if endpoint.url in seen:
+                raise ValueError(f"endpoint {endpoint.url!r} is listed twice")
+            seen.add(endpoint.url)
+        return value
+
+
+class HealthConfig(_Strict):
+    """Background polling of every endpoint's ``/health/ready``."""
+
+    enabled: bool = True
+    interval: DurationMs = Field(default=1000.0, description="Time between two polls.")
+    timeout: DurationMs = Field(default=500.0, description="A poll slower than this fails.")
+
+    @field_validator("interval", "timeout")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be greater than zero")
+        return value
+
+
+class BreakerConfig(_Strict):
+    """Override of one error class's breaker; unset fields keep the class default."""
+
+    window: int | None = Field(default=None, ge=1, le=100_000)
+    min_requests: int | None = Field(default=None, ge=1, le=100_000)
+    failure_rate: float | None = Field(default=None, gt=0, le=1)
+    cooldown: DurationMs | None = None
+
+    def policy(self, base: BreakerPolicy) -> BreakerPolicy:
+        """The class default with this override applied (ValueError when inconsistent)."""
+        return BreakerPolicy(
+            window=self.window if self.window is not None else base.window,
+            min_requests=self.min_requests if self.min_requests is not None else base.min_requests,
+            failure_rate=self.failure_rate if self.failure_rate is not None else base.failure_rate,
+            cooldown_s=self.cooldown / 1000 if self.cooldown is not None else base.cooldown_s,
+        )
+
+
+BreakerClass = Literal["connect", "timeout", "5xx", "oom", "overloaded"]
+
+
+class PoolConfig(_Strict):
+    """The whole pool file."""
+
+    models: dict[str, ModelConfig] = Field(description="Model name (as chains write it) → servers.")
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    breakers: dict[BreakerClass, BreakerConfig] = Field(default_factory=dict)
+    connect_timeout: DurationMs = Field(
+        default=1000.0, description="Longest wait for a TCP/Unix connection (capped by deadline)."
+    )
+    latency_window: int = Field(
+        default=20, ge=1, le=10_000, description="Recent answers per model kept for the p50."
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _names(cls, value: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        for name in value:
+            if name in _RESERVED_MODELS:
+                raise ValueError(f"{name!r} is reserved for the static answer; rename the model")
+            if not name.strip() or len(name) > 200:
+                raise ValueError(f"model name {name!r} must be 1-200 visible characters")
+        return value
+
+    def breaker_policies(self) -> dict[str, BreakerPolicy]:
+        """Every breaker class's policy: defaults with this file's overrides."""
+        return {
+            name: (
+                self.breakers[name].policy(DEFAULT_POLICIES[name])
+                if name in self.breakers
+                else DEFAULT_POLICIES[name]
+            )
+            for name in BREAKER_CLASSES
+        }
+
+
+def _problem(doc: YamlDocument, error: Any) -> tuple[int | None, str, str]:
+    loc = tuple(error["loc"])
+    # Dict-key validation errors end in "[key]"; pydantic adds it as an extra loc element.
+    loc = tuple(part for part in loc if part != "[key]")
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        message = f"unknown key {str(loc[-1])!r}"
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        message = str(error["msg"]).removeprefix("Value error, ")
+    return doc.line(loc), format_path(loc), message
+
+
+def parse_pool_config(source: str | bytes, *, file: str | None = None) -> PoolConfig:
+    """Parse pool YAML text; :class:`SpecError` with ``file:line: field`` when it is invalid."""
+    doc = parse_yaml(source, file=file)
+    return _validate(doc, file)
+
+
+def load_pool_config(path: str | os.PathLike[str]) -> PoolConfig:
+    """Read and validate a pool file."""
+    name = os.fspath(path)
+    return _validate(read_yaml(name), name)
+
+
+def _validate(doc: YamlDocument, file: str | None) -> PoolConfig:
+    try:
+        config = PoolConfig.model_validate(doc.data)
+    except ValidationError as exc:
+        problems = sorted(
+            (_problem(doc, e) for e in exc.errors(include_url=False)),
+            key=lambda p: (p[0] is None, p[0] or 0),
+        )
+        line, where, message = problems[0]
+        if len(problems) > 1:
+            message += f" (and {len(problems) - 1} more problem(s))"
+        raise SpecError(message, file=file, line=line, field=where or None) from None
+    for name, override in config.breakers.items():
+        # Checked here, not in a validator, so the error points at the class's own line.
+        try:
+            override.policy(DEFAULT_POLICIES[name])
+        except ValueError as exc:
+            path = ("breakers", name)
+            raise SpecError(
+                f"{exc} (unset fields keep the {name} defaults)",
+                file=file,
+                line=doc.line(path),
+                field=format_path(path),
+            ) from None
+    return config
+
+
+def pool_backends(config: PoolConfig, *, hooks: Hooks = NO_HOOKS) -> dict[str, ModelBackend]:
+    """One :class:`~chainrt.dispatch.HttpBackend` per model of ``config``, sharing one HTTP
+    client, one health poller and one table of endpoint states (breakers, in-flight counts)."""
+    from ._http import HttpBackend, PoolResources
+
+    resources = PoolResources(
+        config.breaker_policies(),
+        health_interval_s=config.health.interval / 1000 if config.health.enabled else None,
+        health_timeout_s=config.health.timeout / 1000,
+        connect_timeout_s=config.connect_timeout / 1000,
+    )
+    return {
+        name: HttpBackend(
+            name,
+            model.served_model or name,
+            [(e.url, e.capacity) for e in model.endpoints],
+            resources=resources,
+            hooks=hooks,
+        )
+        for name, model in config.models.items()
+    }
+
+
+def load_pool_backends(
+    path: str | os.PathLike[str], *, hooks: Hooks = NO_HOOKS
+) -> dict[str, ModelBackend]:
+    """The backends of the pool file at ``path`` (:class:`SpecError` when the file is invalid)."""
+    return pool_backends(load_pool_config(path), hooks=hooks)

@@ -1,0 +1,266 @@
+"""Endpoint choice (pure, table-tested) and the pure retry / reserve / latency decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from chainrt.dispatch._choice import Candidate, choose, weight
+from chainrt.dispatch._latency import LatencyTracker, median, too_slow
+from chainrt.dispatch._policy import (
+    Failure,
+    MoveOn,
+    NextCandidate,
+    Retry,
+    attempt_end,
+    decide_retry,
+    reserve_for,
+)
+
+A = Candidate("a", capacity=3.0)
+B = Candidate("b", capacity=1.0)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "r", "expected"),
+    [
+        ([A, B], 0.0, 0),
+        ([A, B], 0.74, 0),  # a has 3/4 of the weight
+        ([A, B], 0.75, 1),
+        ([A, B], 0.999, 1),
+        # In-flight load shrinks a's share: 3/(1+2)=1 vs 1 → half each.
+        ([Candidate("a", 3.0, in_flight=2), B], 0.49, 0),
+        ([Candidate("a", 3.0, in_flight=2), B], 0.5, 1),
+        # Unusable endpoints (not ready, circuit open, Retry-After) never win.
+        ([Candidate("a", 3.0, usable=False), B], 0.0, 1),
+        ([Candidate("a", 3.0, usable=False), Candidate("b", 1.0, usable=False)], 0.3, None),
+        ([], 0.3, None),
+        # An endpoint that failed in this step is a last resort only.
+        ([Candidate("a", 3.0, avoided=True), B], 0.0, 1),
+        ([Candidate("a", 3.0, avoided=True), Candidate("b", 1.0, usable=False)], 0.9, 0),
+        # Zero capacity is never chosen.
+        ([Candidate("a", 0.0), B], 0.0, 1),
+    ],
+)
+def test_choose(candidates: list[Candidate], r: float, expected: int | None) -> None:
+    assert choose(candidates, r) == expected
+
+
+def test_choice_shares_follow_capacity() -> None:
+    picks = [choose([A, B], i / 1000) for i in range(1000)]
+    assert picks.count(0) == 750
+    assert picks.count(1) == 250
+
+
+@pytest.mark.parametrize("r", [-0.1, 1.0, 2.0])
+def test_choose_rejects_r_outside_unit_interval(r: float) -> None:
+    with pytest.raises(ValueError, match="r must be in"):
+        choose([A], r)
+
+
+def test_weight() -> None:
+    assert weight(Candidate("x", 8.0, in_flight=3)) == 2.0
+    assert weight(Candidate("x", 8.0, usable=False)) == 0.0
+
+
+# ------------------------------------------------------------------ latency
+
+
+def test_median_and_tracker_window_and_age() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    tracker = LatencyTracker(size=3, min_samples=2, max_age_s=10.0)
+    tracker.record("m", 1.0, now=0.0)
+    assert tracker.p50("m", now=0.0) is None  # below min_samples
+    tracker.record("m", 3.0, now=1.0)
+    assert tracker.p50("m", now=1.0) == 2.0
+    for now in (2.0, 3.0, 4.0):
+        tracker.record("m", 0.5, now=now)
+    assert tracker.p50("m", now=4.0) == 0.5  # only the last 3 are kept
+    assert tracker.p90("m", now=4.0) == 0.5
+    assert tracker.p50("m", now=12.5) == 0.5  # the samples from 3.0 and 4.0 are still young
+    assert tracker.p50("m", now=15.0) is None  # all aged out
+    assert tracker.p50("other", now=0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("p50", "left", "keep_partial", "expected"),
+    [
+        (None, 0.1, False, False),
+        (0.5, 1.0, False, False),
+        (1.5, 1.0, False, True),
+        (1.5, 1.0, True, False),  # partial output beats none
+    ],
+)
+def test_too_slow(p50: float | None, left: float, keep_partial: bool, expected: bool) -> None:
+    assert too_slow(p50, left, keep_partial=keep_partial) is expected
+
+
+# ------------------------------------------------------------------ reserve and attempt end
+
+
+@pytest.mark.parametrize(
+    ("rest", "left", "expected"),
+    [
+        ([], 2.0, 0.0),
+        ([NextCandidate("static", static=True)], 2.0, 0.0),
+        ([NextCandidate("local", 0.2, 0.3)], 2.0, 0.6),  # its p90 × 2
+        ([NextCandidate("local", 0.25)], 2.0, 0.5),  # no p90: its p50 × 2
+        ([NextCandidate("local", None)], 2.0, 0.5),  # unknown: a quarter of the time left
+        ([NextCandidate("local", 0.9, 1.5)], 2.0, 1.0),  # capped at half the time left
+        ([NextCandidate("local", 3.0, 4.0)], 2.0, 0.0),  # cannot fit anyway: no reserve for it
+        ([NextCandidate("down", 0.1, usable=False), NextCandidate("local", 0.2, 0.3)], 2.0, 0.6),
+        ([NextCandidate("local", 3.0), NextCandidate("static", static=True)], 2.0, 0.0),
+        # Three attempts already wait at the fallback: each costs its median more.
+        ([NextCandidate("local", 0.1, 0.2, in_flight=3)], 2.0, 0.7),
+    ],
+)
+def test_reserve_for(rest: list[NextCandidate], left: float, expected: float) -> None:
+    assert reserve_for(rest, left, keep_partial=False) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("reserve", "own_p50", "timeout", "expected"),
+    [
+        (0.0, None, None, 10.0),  # the whole allotment
+        (0.5, None, None, 9.5),  # the fallback's reserve is kept
+        (5.0, 3.0, None, 6.0),  # never below 2 × its own p50 (from now=0)
+        (0.5, 6.0, None, 10.0),  # ... nor past the deadline
+        (0.5, None, 2.0, 2.0),  # attempt_timeout caps it
+    ],
+)
+def test_attempt_end_plain(
+    reserve: float, own_p50: float | None, timeout: float | None, expected: float
+) -> None:
+    end = attempt_end(0.0, 10.0, reserve_s=reserve, own_p50_s=own_p50, attempt_timeout_s=timeout)
+    assert end == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("own_p50", "elsewhere", "fallback", "expected"),
+    [
+        (0.2, True, False, 0.6),  # 3 × its median: stuck, retry on the other endpoint
+        (0.2, False, False, 10.0),  # nowhere else to go: it keeps the whole allotment
+        (0.01, True, False, 0.25),  # tiny medians are noisy: never cut before 250 ms
+        (None, True, True, 10.0),  # unknown latency: no cut
+        (4.0, True, False, 10.0),  # 3 × 4 s is past the deadline anyway
+        (0.2, False, True, 1.0),  # only a fallback model waits: cut at 5 × its median
+        (0.2, True, True, 0.6),  # another endpoint comes first: 3 ×
+    ],
+)
+def test_attempt_end_cuts_a_stuck_model(
+    own_p50: float | None, elsewhere: bool, fallback: bool, expected: float
+) -> None:
+    end = attempt_end(
+        0.0,
+        10.0,
+        reserve_s=0.0,
+        own_p50_s=own_p50,
+        attempt_timeout_s=None,
+        retry_elsewhere=elsewhere,
+        fallback_next=fallback,
+    )
+    assert end == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ retry decisions
+
+
+def decide(failure: Failure, **kw: float | int | bool) -> Retry | MoveOn:
+    args: dict[str, float | int | bool] = {
+        "now": 0.0,
+        "deadline": 10.0,
+        "reserve_s": 0.0,
+        "tries_used": 1,
+        "max_tries": 3,
+        "backoff_s": 0.1,
+        "max_backoff_s": 5.0,
+        "max_tokens": 64,
+        "shrink": False,
+    }
+    args.update(kw)
+    return decide_retry(failure, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("failure", "kw", "expected"),
+    [
+        # Plain retryable error, tries left: back off.
+        (Failure("5xx"), {}, Retry(0.1, 64, True, "retrying in 100ms")),
+        # Another endpoint is usable: go there at once.
+        (Failure("5xx", elsewhere=True), {}, Retry(0.0, 64, True, "retrying on another endpoint")),
+        # Retry-After is honoured when it fits ...
+        (Failure("oom", retry_after_s=2.0), {}, Retry(2.0, 64, True, "retrying in 2000ms")),
+        # ... and not when it does not: next fallback at once.
+        (
+            Failure("oom", retry_after_s=20.0),
+            {},
+            MoveOn("a retry in 20000ms (Retry-After) does not fit the 10000ms left; next fallback"),
+        ),
+        # The reserve kept for the next fallback counts as not available.
+        (
+            Failure("5xx"),
+            {"reserve_s": 9.95},
+            MoveOn("a retry in 100ms does not fit the 50ms left; next fallback"),
+        ),
+        # Tries used up.
+        (Failure("5xx"), {"tries_used": 3}, MoveOn("no tries left (3 of 3 used); next fallback")),
+        # Not retryable.
+        (Failure("5xx", retryable=False), {}, MoveOn("5xx is not retried; next fallback")),
+        # A timeout is retried only on another endpoint (the same one would time out again).
+        (
+            Failure("timeout"),
+            {},
+            MoveOn("timed out and no other endpoint is usable; next fallback"),
+        ),
+        (
+            Failure("timeout", elsewhere=True),
+            {},
+            Retry(0.0, 64, True, "retrying on another endpoint"),
+        ),
+        # A refused connection with another endpoint: free failover even with no tries left.
+        (
+            Failure("connect", elsewhere=True),
+            {"tries_used": 3},
+            Retry(0.0, 64, False, "endpoint unreachable; trying another endpoint"),
+        ),
+        (
+            Failure("connect"),
+            {"tries_used": 1, "max_tries": 1},
+            MoveOn("no tries left (1 of 1 used); next fallback"),
+        ),
+        # 429 with advice and on_memory_pressure: shrink → at once, smaller, free.
+        (
+            Failure("overloaded", advice_max_tokens=16, retry_after_s=3.0),
+            {"shrink": True, "tries_used": 1, "max_tries": 1},
+            Retry(0.0, 16, False, "retrying at once with the advised max_tokens=16"),
+        ),
+        # ... but only when the advice is smaller than what was asked.
+        (
+            Failure("overloaded", advice_max_tokens=64, retry_after_s=3.0),
+            {"shrink": True, "tries_used": 1, "max_tries": 1},
+            MoveOn("no tries left (1 of 1 used); next fallback"),
+        ),
+        # Without shrink the advice is ignored; Retry-After still applies.
+        (
+            Failure("overloaded", advice_max_tokens=16, retry_after_s=3.0),
+            {},
+            Retry(3.0, 64, True, "retrying in 3000ms"),
+        ),
+        # Backoff is bounded by max_backoff.
+        (
+            Failure("5xx"),
+            {"backoff_s": 8.0, "max_backoff_s": 0.5},
+            Retry(0.5, 64, True, "retrying in 500ms"),
+        ),
+    ],
+)
+def test_decide_retry(failure: Failure, kw: dict[str, float], expected: Retry | MoveOn) -> None:
+    assert decide(failure, **kw) == expected
+
+
+def test_p90_is_the_nearest_rank() -> None:
+    tracker = LatencyTracker(size=10, min_samples=1)
+    for i, seconds in enumerate([0.1 * n for n in range(1, 11)]):
+        tracker.record("m", seconds, now=float(i))
+    assert tracker.p90("m", now=10.0) == pytest.approx(0.9)
+    assert tracker.p50("m", now=10.0) == pytest.approx(0.55)
