@@ -256,10 +256,9 @@ class Runner:
             if step.llm is not None
             for model in (step.llm.model, *step.fallbacks)
         }
-        prepare = getattr(self.dispatcher, "prepare", None)
-        if models and prepare is not None:
+        if models:
             with contextlib.suppress(ChainRTError):
-                await prepare(sorted(models))  # a failure shows up, clearly, in the step
+                await self.dispatcher.prepare(sorted(models))  # failures show in the step
 
     # ------------------------------------------------------------------ the loop
 

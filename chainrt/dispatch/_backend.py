@@ -83,6 +83,10 @@ class ModelBackend(abc.ABC):
         there is one.
         """
 
+    async def prepare(self) -> None:
+        """Pay one-time costs (loading a model) before a run's budget clock starts."""
+        return None
+
     async def close(self) -> None:
         """Release connections."""
         return None
@@ -93,6 +97,17 @@ class LocalBackend(ModelBackend):
 
     def available(self) -> bool:
         return True
+
+    async def prepare(self) -> None:
+        from chainrt._errors import WorkerError
+        from workers.engines import get_local_engine
+
+        try:
+            await get_local_engine().start()
+        except WorkerError as exc:
+            raise BackendError(
+                f"local model failed to load: {exc.message}", error_class="engine", retryable=False
+            ) from exc
 
     async def complete(
         self,

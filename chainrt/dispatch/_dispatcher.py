@@ -132,6 +132,13 @@ class Dispatcher:
             out.append(NextCandidate("static", static=True))
         return out
 
+    async def prepare(self, models: list[str]) -> None:
+        """Get the backends of ``models`` ready (e.g. load the in-process model) ahead of a run."""
+        for model in models:
+            backend = self._backends.get(model)
+            if backend is not None:
+                await backend.prepare()
+
     async def close(self) -> None:
         """Close every backend."""
         for backend in self._backends.values():
