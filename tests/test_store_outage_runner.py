@@ -1,7 +1,7 @@
 """Redis failing under a running chain (DESIGN §4): a restart, an outage that lasts, Redis down.
 
-The runs here use their own redis-server with a password and ``appendfsync always`` (a write that
-Redis acknowledged survives its ``kill -9``), on a free port, so that a restart keeps the data.
+The runs here use their own ``RedisServer(password=..., durable=True)`` (``appendfsync always``:
+a write that Redis acknowledged survives its ``kill -9``), so that a restart keeps the data.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from chainrt._runtime import open_runtime
 from chainrt.spec import load_spec
 from chainrt.store._keys import StoreKeys
 from chainrt.testing.drill import expected_output, read_log
-from chainrt.testing.redis_server import free_port
+from chainrt.testing.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -37,54 +37,10 @@ COMMIT_GRACE_S = 0.5  # chainrt._runner._COMMIT_GRACE_S: a write may land this l
 SLACK_S = 0.2  # scheduling slack on a busy 2-core machine
 
 
-class DurableRedis:
-    """A redis-server that fsyncs every write before replying; restartable on its port."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.port = free_port()
-        self.url = f"redis://:{PASSWORD}@127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None, "redis-server is not installed"
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-        args += ["--requirepass", PASSWORD, "--loglevel", "warning"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        probe = redis.Redis(port=self.port, password=PASSWORD, socket_timeout=0.5)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                assert self.process.poll() is None, "redis-server exited"
-                assert time.monotonic() < deadline, "redis-server did not start"
-                try:
-                    if probe.ping():
-                        return
-                except redis.RedisError:  # refused, or still loading its append-only file
-                    time.sleep(0.01)
-        finally:
-            probe.close()
-
-    def kill(self) -> None:
-        """``kill -9``: no shutdown, no final save."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, password=PASSWORD)
-
-
 @pytest.fixture
-def durable(tmp_path: Path) -> Iterator[DurableRedis]:
-    data = tmp_path / "redis"
-    data.mkdir()
-    server = DurableRedis(data)
-    server.start()
-    yield server
-    server.kill()
+def durable() -> Iterator[RedisServer]:
+    with RedisServer(password=PASSWORD, durable=True) as server:
+        yield server
 
 
 def chainrt(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -93,7 +49,7 @@ def chainrt(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     )
 
 
-def start_run(server: DurableRedis, run_id: str, log_dir: Path) -> subprocess.Popen[str]:
+def start_run(server: RedisServer, run_id: str, log_dir: Path) -> subprocess.Popen[str]:
     inputs = json.dumps({"seed": run_id, "log_dir": str(log_dir)})
     args = ["run", str(SLOW), "--input", inputs, "--run-id", run_id, "--store", server.url]
     return subprocess.Popen(
@@ -117,10 +73,10 @@ def wait_for_steps(client: redis.Redis, run_id: str, count: int) -> dict[bytes, 
 
 
 def test_a_redis_restart_mid_run_loses_no_recorded_step(
-    durable: DurableRedis, tmp_path: Path
+    durable: RedisServer, tmp_path: Path
 ) -> None:
     run = start_run(durable, "restart-1", tmp_path)
-    client = durable.client()
+    client = redis.Redis.from_url(durable.url)
     try:
         before = wait_for_steps(client, "restart-1", 5)
         durable.kill()
@@ -144,10 +100,10 @@ def test_a_redis_restart_mid_run_loses_no_recorded_step(
 
 
 def test_a_store_that_stays_down_ends_the_run_and_keeps_its_checkpoint(
-    durable: DurableRedis, tmp_path: Path
+    durable: RedisServer, tmp_path: Path
 ) -> None:
     run = start_run(durable, "down-1", tmp_path)
-    client = durable.client()
+    client = redis.Redis.from_url(durable.url)
     try:
         wait_for_steps(client, "down-1", 5)
         durable.kill()
@@ -230,7 +186,7 @@ def write_grace_chain(directory: Path) -> Path:
     ],
 )
 async def test_store_outage_ends_the_run_within_its_budget(
-    durable: DurableRedis,
+    durable: RedisServer,
     tmp_path: Path,
     case: str,
     budget_ms: float | None,

@@ -1,21 +1,17 @@
 """The Redis store when Redis fails: restarts mid-run, outages, a hung server, bad credentials.
 
-The restart tests run their own redis-server with ``appendfsync always`` (the session server
-keeps nothing across a restart): a commit that returned must survive a ``kill -9`` of Redis.
+The restart tests run their own ``RedisServer(durable=True)`` (``appendfsync always``; the
+session server keeps nothing across a restart): a commit that returned must survive a ``kill -9``
+of Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import redis
 
 from chainrt._errors import StoreUnavailable
 from chainrt.store import RedisStore, RunProgress
@@ -27,59 +23,10 @@ pytestmark = pytest.mark.redis
 PASSWORD = "fault-pw-123"
 
 
-class DurableRedis:
-    """A redis-server that fsyncs every write to its append-only file before replying."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://:{PASSWORD}@127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-        args += ["--requirepass", PASSWORD, "--loglevel", "warning"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        probe = redis.Redis(port=self.port, password=PASSWORD, socket_timeout=0.5)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                assert self.process.poll() is None, "redis-server exited"
-                assert time.monotonic() < deadline, "redis-server did not start"
-                try:
-                    if probe.ping():
-                        return
-                except redis.RedisError:  # refused, or still loading its append-only file
-                    time.sleep(0.01)
-        finally:
-            probe.close()
-
-    def kill(self) -> None:
-        """``kill -9``: no shutdown, no final save."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-
-    def signal(self, sig: signal.Signals) -> None:
-        assert self.process is not None
-        self.process.send_signal(sig)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.fixture
-def durable(tmp_path: Path) -> Iterator[DurableRedis]:
-    server = DurableRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
+def durable() -> Iterator[RedisServer]:
+    with RedisServer(password=PASSWORD, durable=True) as server:
+        yield server
 
 
 def _progress(k: int) -> RunProgress:
@@ -104,7 +51,7 @@ async def _check_nothing_lost(url: str, acked: dict[str, list[int]]) -> None:
         await store.close()
 
 
-async def test_restart_mid_commits_loses_no_acknowledged_step(durable: DurableRedis) -> None:
+async def test_restart_mid_commits_loses_no_acknowledged_step(durable: RedisServer) -> None:
     store = RedisStore(durable.url, retry_for_s=8.0, socket_timeout_s=1.0)
     runs = [f"run-{i}" for i in range(4)]
     for run_id in runs:
@@ -144,7 +91,7 @@ async def test_restart_mid_commits_loses_no_acknowledged_step(durable: DurableRe
     await _check_nothing_lost(durable.url, acked)
 
 
-async def test_outage_longer_than_retry_window(durable: DurableRedis) -> None:
+async def test_outage_longer_than_retry_window(durable: RedisServer) -> None:
     store = RedisStore(durable.url, retry_for_s=0.3, socket_timeout_s=0.5)
     await store.create_run(make_run())
     await store.commit("run-1", 1, _progress(0), make_step("s0", output=0))
@@ -163,15 +110,16 @@ async def test_outage_longer_than_retry_window(durable: DurableRedis) -> None:
     await _check_nothing_lost(durable.url, {"run-1": [0, 1]})
 
 
-async def test_hung_redis_times_out_then_recovers(durable: DurableRedis) -> None:
+async def test_hung_redis_times_out_then_recovers(durable: RedisServer) -> None:
     store = RedisStore(durable.url, retry_for_s=0.4, socket_timeout_s=0.2)
     await store.create_run(make_run())
-    durable.signal(signal.SIGSTOP)
+    assert durable.process is not None
+    durable.process.send_signal(signal.SIGSTOP)
     try:
         with pytest.raises(StoreUnavailable, match="unreachable"):
             await store.get_run("run-1")
     finally:
-        durable.signal(signal.SIGCONT)
+        durable.process.send_signal(signal.SIGCONT)
     assert (await store.get_run("run-1")).run_id == "run-1"
     await store.commit("run-1", 1, _progress(3), make_step("s3", output=3))
     await store.close()

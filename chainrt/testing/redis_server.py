@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -22,14 +23,19 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A ``redis-server`` child process: no persistence, loopback only, its own temp dir.
+    """A ``redis-server`` child process: loopback only, its own temp dir, optionally a password.
 
-    ``with RedisServer() as server: server.url`` — stopped and cleaned up on exit. ``restart()``
-    stops and starts it on the same port (for store-fault tests); ``pause()``/``resume()`` are not
-    offered: tests SIGSTOP the process through ``server.process`` when they need that.
+    ``with RedisServer() as server: server.url`` — stopped and cleaned up on exit. By default
+    nothing is persisted. With ``durable=True`` every write is fsynced to an append-only file
+    before Redis replies, so a write Redis acknowledged survives :meth:`kill` (``kill -9``) and
+    comes back on the next :meth:`start` or :meth:`restart` (same port, same data dir).
+    ``pause()``/``resume()`` are not offered: tests SIGSTOP the process through ``server.process``
+    when they need that.
     """
 
-    def __init__(self, *, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self, *, port: int | None = None, password: str | None = None, durable: bool = False
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -38,6 +44,7 @@ class RedisServer:
         self._binary = binary
         self.port = port or free_port()
         self.password = password
+        self.durable = durable
         self._dir = Path(tempfile.mkdtemp(prefix="chainrt-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -48,17 +55,19 @@ class RedisServer:
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> None:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING (a durable one replays its file first)."""
         args = [
             self._binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.durable else "no",
             "--dir", str(self._dir),
             "--daemonize", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
+        if self.durable:
+            args += ["--appendfsync", "always"]  # fsync before replying, not once a second
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
@@ -75,21 +84,40 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout_s}s")
 
     def _ping(self) -> bool:
+        """True once PING gets +PONG; False while refused or -LOADING (replaying its file)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+            with (
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock,
+                sock.makefile("rb") as replies,
+            ):
                 if self.password:
+                    # AUTH is served even while loading; a wrong password shows up at PING.
                     sock.sendall(f"AUTH {self.password}\r\n".encode())
-                    sock.recv(64)
+                    replies.readline()
                 sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                reply = replies.readline()
         except OSError:
             return False
+        if reply.startswith(b"+PONG"):
+            return True
+        if reply.startswith(b"-LOADING") or not reply:
+            return False
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} answered PING with {reply!r}")
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown, no final save; returns once the process is gone."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()  # SIGKILL also ends a SIGSTOPped process
+            process.wait()
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s)."""
         if self.process is None:
             return
         if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a test may have left it SIGSTOPped
             self.process.terminate()
             try:
                 self.process.wait(timeout=5)
@@ -99,7 +127,11 @@ class RedisServer:
         self.process = None
 
     def restart(self) -> None:
-        """Stop and start again on the same port (all data is lost: no persistence)."""
+        """Stop and start again on the same port and data dir.
+
+        Without ``durable`` all data is lost (nothing is persisted); with it, every acknowledged
+        write is back once this returns.
+        """
         self.stop()
         self.start()
 

@@ -15,7 +15,8 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -23,11 +24,10 @@ from typing import Literal
 from chainrt._errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import Engine, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
+from ._bridge import Sink, stream_job
 from ._llamacpp_model import LlamaModel, resolve_model_path
 
 __all__ = ["LocalEngine"]
-
-Sink = Callable[[StreamDelta | BaseException], None]
 
 
 def _ignore(_: StreamDelta | BaseException) -> None:
@@ -180,28 +180,11 @@ class LocalEngine(Engine):
         await self.start()
         if self._dead is not None:
             raise EngineDead(f"the local engine is dead ({self._dead}); recover() reloads it")
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
         job = _Job(request.priority, next(self._seq), "generate", request)
-
-        def sink(item: StreamDelta | BaseException) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening
-                job.cancelled.set()
-
-        job.sink = sink
-        self._jobs.put(job)
-        try:
-            while True:
-                item = await items.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.result is not None:
-                    return
-        finally:
-            job.cancelled.set()  # no-op when finished; otherwise the thread stops at once
+        # aclosing: closing this stream must cancel the job now, not when the GC gets to it.
+        async with aclosing(stream_job(job, self._jobs)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens after the chat template (the model's tokenizer; loads it if needed)."""

@@ -34,7 +34,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,12 @@ from ._base import (
     MemoryStats,
     StreamDelta,
 )
+from ._bridge import Sink, stream_job
 from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
 from ._torch_decode import DecodeJob, decode, is_oom
 
 __all__ = ["TorchEngine"]
-
-Sink = Callable[[StreamDelta | BaseException], None]
 
 
 def _ignore(_: StreamDelta | BaseException) -> None:
@@ -243,28 +243,11 @@ class TorchEngine(Engine):
         await self.start()
         if self._dead is not None:
             raise EngineDead(f"the torch engine is dead ({self._dead}); recover() reloads it")
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
         job = _Job(request.priority, next(self._seq), "generate", request)
-
-        def sink(item: StreamDelta | BaseException) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody listens any more
-                job.cancelled.set()
-
-        job.sink = sink
-        self._jobs.put(job)
-        try:
-            while True:
-                item = await items.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.result is not None:
-                    return
-        finally:
-            job.cancelled.set()  # no-op when finished; otherwise the GPU thread stops at once
+        # aclosing: closing this stream must cancel the job now, not when the GC gets to it.
+        async with aclosing(stream_job(job, self._jobs)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def _submit_and_wait(self, job: _Job) -> GenerationResult:
         loop = asyncio.get_running_loop()
