@@ -243,7 +243,9 @@ class _ModelTry:
                 "chainrt.step_id": call.step_id,
                 "chainrt.model": model,
                 "chainrt.attempt": len(self.attempts) + 1,
-                "chainrt.fallback": model != call.model,
+                # Same meaning as on chain.step: the fallback model's name, absent on the primary.
+                "chainrt.fallback": model if model != call.model else None,
+                "gen_ai.request.model": model,
                 "chainrt.attempt_ms": round((end - now) * 1000, 3),
                 "gen_ai.request.max_tokens": self.max_tokens,
             },
