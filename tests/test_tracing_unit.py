@@ -19,7 +19,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from chainrt import ChainRTError
+from chainrt import ChainRTError, RunNotFound
 from chainrt._hooks import NO_HOOKS
 from chainrt._runtime import open_runtime
 from chainrt._settings import Settings
@@ -116,11 +116,19 @@ async def test_run_that_waits_falls_back_and_resumes_makes_two_linked_traces(
     limiter = open_limiter(store)
     other = await limiter.acquire([KeyRequest("gate:u1", 1)], timeout_s=1, holder="other")
 
-    async def let_go() -> None:
-        await asyncio.sleep(0.5)
-        await other.release()
-
     async with open_runtime(store=store, hooks=hooks) as runtime:
+
+        async def let_go() -> None:
+            # Count from the run's creation: loading the local model comes before it.
+            while True:
+                try:
+                    await runtime.store.get_run(run_id)
+                    break
+                except RunNotFound:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            await other.release()
+
         releaser = asyncio.create_task(let_go())
         first = asyncio.create_task(runtime.runner.run(spec, {"user": "u1"}, run_id=run_id))
         await asyncio.wait_for(_started[run_id].wait(), 60)
