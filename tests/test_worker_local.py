@@ -161,8 +161,13 @@ def test_metrics_count_requests_and_tokens(worker: WorkerProcess) -> None:
     assert worker.metric("chainrt_worker_slots_in_use") == 0
 
 
-async def test_critical_requests_overtake_low_ones(worker: WorkerProcess) -> None:
+async def test_critical_requests_overtake_low_ones() -> None:
     """One engine slot, busy; three low then three critical requests queue: critical go first."""
+    with WorkerProcess("--engine", "local", "--enable-fault-injection") as worker:
+        await _priority_order(worker)
+
+
+async def _priority_order(worker: WorkerProcess) -> None:
     client = worker.async_openai()
     done: list[str] = []
 
@@ -180,8 +185,13 @@ async def test_critical_requests_overtake_low_ones(worker: WorkerProcess) -> Non
             await asyncio.sleep(0.02)
         raise AssertionError(f"{metric} never reached {value}")
 
-    blocker = asyncio.create_task(ask("blocker", "normal", 250))
+    # The blocker holds the one slot for 2 s (injected latency is served inside the slot), so
+    # the queue fills before it finishes however fast the machine generates; the others then
+    # run without latency.
+    assert worker.post("/admin/faults", json={"latency_ms": 2000}).status_code == 200
+    blocker = asyncio.create_task(ask("blocker", "normal", 8))
     await until("chainrt_worker_slots_in_use", 1)
+    assert worker.post("/admin/faults", json={"reset": True}).status_code == 200
     lows = []
     for i in range(3):  # one at a time, so their arrival order is known
         lows.append(asyncio.create_task(ask(f"low{i}", "low", 2)))
