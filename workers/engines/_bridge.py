@@ -12,11 +12,12 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from ._base import StreamDelta
+from ._base import GenerationRequest, StreamDelta
 
-__all__ = ["BridgedJob", "Sink", "stream_job"]
+__all__ = ["BridgedJob", "EngineJob", "Sink", "stream_job"]
 
 
 class Sink(Protocol):
@@ -38,6 +39,23 @@ class BridgedJob(Protocol):
 
 
 JobT = TypeVar("JobT", bound=BridgedJob)
+
+
+def _ignore(_: StreamDelta | BaseException) -> None:
+    """Sink of jobs whose outcome nobody awaits (the stop job)."""
+
+
+@dataclass(order=True)
+class EngineJob:
+    """One unit of work for a model thread; a priority queue orders jobs by (priority, arrival)."""
+
+    priority: int
+    seq: int
+    kind: str = field(compare=False)
+    """What to do: ``generate``, or an engine's own housekeeping (``stop``, ``reset``, ...)."""
+    request: GenerationRequest | None = field(compare=False, default=None)
+    sink: Sink = field(compare=False, default=_ignore)
+    cancelled: threading.Event = field(compare=False, default_factory=threading.Event)
 
 
 async def stream_job(job: JobT, jobs: queue.Queue[JobT]) -> AsyncGenerator[StreamDelta, None]:

@@ -17,33 +17,15 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from chainrt._errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import Engine, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
-from ._bridge import Sink, stream_job
+from ._bridge import EngineJob, stream_job
 from ._llamacpp_model import LlamaModel, resolve_model_path
 
 __all__ = ["LocalEngine"]
-
-
-def _ignore(_: StreamDelta | BaseException) -> None:
-    """Sink of jobs whose outcome nobody awaits (the stop job)."""
-
-
-@dataclass(order=True)
-class _Job:
-    """One unit of work for the model thread; ordered by (priority, arrival)."""
-
-    priority: int
-    seq: int
-    kind: Literal["generate", "reset", "stop"] = field(compare=False)
-    request: GenerationRequest | None = field(compare=False, default=None)
-    sink: Sink = field(compare=False, default=_ignore)
-    cancelled: threading.Event = field(compare=False, default_factory=threading.Event)
 
 
 class LocalEngine(Engine):
@@ -69,11 +51,11 @@ class LocalEngine(Engine):
         self._repeat_penalty = repeat_penalty
         self._load_lock = threading.Lock()
         self._model: LlamaModel | None = None
-        self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
+        self._jobs: queue.PriorityQueue[EngineJob] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._dead: str | None = None
-        self._current: _Job | None = None
+        self._current: EngineJob | None = None
 
     @property
     def model_path(self) -> Path | None:
@@ -116,7 +98,7 @@ class LocalEngine(Engine):
             loop.call_soon_threadsafe(settle)
 
         # Ahead of every queued request, so they all start from a clean cache.
-        self._jobs.put(_Job(-1, next(self._seq), "reset", sink=sink))
+        self._jobs.put(EngineJob(-1, next(self._seq), "reset", sink=sink))
         await done
 
     def _ensure_loaded(self) -> LlamaModel:
@@ -143,7 +125,7 @@ class LocalEngine(Engine):
                 current = self._current
                 if current is not None:
                     current.cancelled.set()
-                self._jobs.put(_Job(-2, next(self._seq), "stop"))
+                self._jobs.put(EngineJob(-2, next(self._seq), "stop"))
                 thread.join()
             self._fail_pending(WorkerError("the local engine was closed; start it again"))
             # Dropping the reference frees the model at once (Llama.__del__ closes it) unless a
@@ -180,7 +162,7 @@ class LocalEngine(Engine):
         await self.start()
         if self._dead is not None:
             raise EngineDead(f"the local engine is dead ({self._dead}); recover() reloads it")
-        job = _Job(request.priority, next(self._seq), "generate", request)
+        job = EngineJob(request.priority, next(self._seq), "generate", request)
         # aclosing: closing this stream must cancel the job now, not when the GC gets to it.
         async with aclosing(stream_job(job, self._jobs)) as deltas:
             async for delta in deltas:
@@ -224,7 +206,7 @@ class LocalEngine(Engine):
                 finally:
                     self._current = None
 
-    def _run(self, model: LlamaModel, job: _Job) -> None:
+    def _run(self, model: LlamaModel, job: EngineJob) -> None:
         assert job.request is not None
         try:
             result = model.generate(job.request, job.sink, job.cancelled.is_set, self.faults)

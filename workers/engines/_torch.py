@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,28 +49,12 @@ from ._base import (
     MemoryStats,
     StreamDelta,
 )
-from ._bridge import Sink, stream_job
+from ._bridge import EngineJob, stream_job
 from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
 from ._torch_decode import DecodeJob, decode, is_oom
 
 __all__ = ["TorchEngine"]
-
-
-def _ignore(_: StreamDelta | BaseException) -> None:
-    """Sink of jobs nobody awaits (the stop job)."""
-
-
-@dataclass(order=True)
-class _Job:
-    """One unit of work for the GPU thread, ordered by (priority, arrival)."""
-
-    priority: int
-    seq: int
-    kind: str = field(compare=False)  # "generate" | "probe" | "stop"
-    request: GenerationRequest | None = field(compare=False, default=None)
-    sink: Sink = field(compare=False, default=_ignore)
-    cancelled: threading.Event = field(compare=False, default_factory=threading.Event)
 
 
 class TorchEngine(Engine):
@@ -109,7 +92,7 @@ class TorchEngine(Engine):
         self._facts: ModelFacts | None = None
         self._eos: set[int] = set()
         self._dtype_bytes = 4
-        self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
+        self._jobs: queue.PriorityQueue[EngineJob] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._dead: str | None = None
@@ -143,7 +126,9 @@ class TorchEngine(Engine):
             await asyncio.to_thread(self._reload)
         try:
             await self._submit_and_wait(
-                _Job(-1, next(self._seq), "probe", GenerationRequest(prompt="Hi", max_tokens=1))
+                EngineJob(
+                    -1, next(self._seq), "probe", GenerationRequest(prompt="Hi", max_tokens=1)
+                )
             )
         except WorkerError as exc:
             raise EngineDead(
@@ -205,7 +190,7 @@ class TorchEngine(Engine):
         with self._load_lock:
             thread, self._thread = self._thread, None
             if thread is not None and thread.is_alive():
-                self._jobs.put(_Job(-2, next(self._seq), "stop"))
+                self._jobs.put(EngineJob(-2, next(self._seq), "stop"))
                 thread.join()
             while True:  # fail whatever was still queued
                 try:
@@ -243,13 +228,13 @@ class TorchEngine(Engine):
         await self.start()
         if self._dead is not None:
             raise EngineDead(f"the torch engine is dead ({self._dead}); recover() reloads it")
-        job = _Job(request.priority, next(self._seq), "generate", request)
+        job = EngineJob(request.priority, next(self._seq), "generate", request)
         # aclosing: closing this stream must cancel the job now, not when the GC gets to it.
         async with aclosing(stream_job(job, self._jobs)) as deltas:
             async for delta in deltas:
                 yield delta
 
-    async def _submit_and_wait(self, job: _Job) -> GenerationResult:
+    async def _submit_and_wait(self, job: EngineJob) -> GenerationResult:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[GenerationResult] = loop.create_future()
 
@@ -371,7 +356,7 @@ class TorchEngine(Engine):
         if torch is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _generate(self, job: _Job) -> StreamDelta:
+    def _generate(self, job: EngineJob) -> StreamDelta:
         request = job.request
         assert request is not None
         if self._model is None:
