@@ -171,7 +171,7 @@ async def _resume(args: argparse.Namespace) -> int:
 async def _runs(args: argparse.Namespace) -> int:
     from ..store import open_store
 
-    store = open_store(args.store or _settings_store())
+    store = open_store(args.store)  # None: CHAINRT_STORE or the embedded default
     try:
         runs = await store.list_runs(status=args.status, limit=max(1, args.limit))
     finally:
@@ -188,7 +188,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     from ..store import open_store
 
     settings = get_settings()
-    store = open_store(args.store or settings.store)
+    store = open_store(args.store)
     try:
         run = await store.get_run(args.run_id)
         steps = await store.get_steps(args.run_id)
@@ -218,12 +218,6 @@ def _run_summary(run: Any) -> dict[str, Any]:
         "created_at": run.created_at,
         "updated_at": run.updated_at,
     }
-
-
-def _settings_store() -> str:
-    from .._settings import get_settings
-
-    return get_settings().store
 
 
 def _validate(args: argparse.Namespace) -> int:

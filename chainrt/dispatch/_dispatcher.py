@@ -19,7 +19,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from .._errors import DispatchError, NoEndpoint
+from .._errors import DispatchError
 from .._hooks import NO_HOOKS, Hooks
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, BackendError, ModelBackend
@@ -377,8 +377,3 @@ def _check_answer(call: LlmCall, got: BackendAnswer) -> None:
                 error_class="bad_output",
                 endpoint=got.endpoint,
             ) from None
-
-
-def no_endpoint(model: str) -> NoEndpoint:
-    """The error for a model with no endpoint at all."""
-    return NoEndpoint(f"model {model!r} has no endpoint; add it to the pool file (--pool)")
