@@ -1,9 +1,11 @@
-"""The seam between the runtime and observers such as tracing (an interceptor, not scattered calls).
+"""The seam between the runtime and tracing: spans, and the trace context workers receive.
 
-The runner and dispatch call ``hooks.span(name, attributes)`` around the work DESIGN §8 names
-(``chain.run``, ``chain.step``, ``concurrency.acquire``, ``checkpoint.write``, ``llm.dispatch``).
-The default :class:`NoHooks` returns one shared do-nothing span, so tracing that is off costs a
-method call and nothing more.
+Tracing's interceptors (:mod:`chainrt.tracing._intercept`), wrapped around the runner, the store,
+the limiter and the model backends at assembly, call ``hooks.span(name, attributes)`` around the
+work DESIGN §8 names (``chain.run``, ``chain.step``, ``concurrency.acquire``,
+``checkpoint.write``, ``llm.dispatch``); the runner and dispatcher never do. Hooks that override
+nothing (:data:`NO_HOOKS`: tracing off) are not wrapped around anything (:func:`observes`), so
+tracing that is off costs nothing at all.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-__all__ = ["NO_HOOKS", "Hooks", "NoHooks", "Span"]
+__all__ = ["NO_HOOKS", "Hooks", "NoHooks", "Span", "observes"]
 
 
 class Span(AbstractContextManager["Span"]):
@@ -77,3 +79,10 @@ class NoHooks(Hooks):
 
 
 NO_HOOKS = NoHooks()
+
+
+def observes(hooks: Hooks) -> bool:
+    """True when ``hooks`` records anything: it overrides :meth:`Hooks.span` or
+    :meth:`Hooks.traceparent`. Hooks that do not are not worth wrapping anything in."""
+    kind = type(hooks)
+    return kind.span is not Hooks.span or kind.traceparent is not Hooks.traceparent

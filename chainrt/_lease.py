@@ -1,4 +1,11 @@
-"""Owner leases of running runs: who owns a run, whether that owner is alive, and the heartbeat."""
+"""Owner leases of running runs: who owns a run, whether that owner is alive, taking a run over,
+and the heartbeat that keeps a lease alive while its run executes.
+
+A new run is created with its owner lease (:func:`new_lease`). A resume first waits until the
+owner is gone (:func:`wait_for_owner`: pid gone on this host, or lease expired), then takes the
+run over with the next fencing token (:func:`claim`); from then on the old owner's writes are
+refused by the store. While an execution runs, :class:`Heartbeat` renews its lease.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._errors import FencedOut, StoreUnavailable
+from ._errors import FencedOut, RunLocked, StoreUnavailable
 from .store._protocol import CheckpointStore
-from .store._records import OwnerLease
+from .store._records import OwnerLease, RunRecord
 
-__all__ = ["Heartbeat", "OwnerState", "owner_state", "pid_alive", "this_host"]
+__all__ = [
+    "Heartbeat",
+    "OwnerState",
+    "claim",
+    "new_lease",
+    "owner_state",
+    "pid_alive",
+    "this_host",
+    "wait_for_owner",
+]
 
 
 def this_host() -> str:
@@ -71,6 +87,39 @@ def owner_state(
     return OwnerState(
         False, f"owned by {owner.host}:{owner.pid}, lease valid", owner.expires_at - now
     )
+
+
+def new_lease(host: str, token: int, ttl_s: float) -> OwnerLease:
+    """A lease for this process on ``host`` with fencing ``token``, valid for ``ttl_s``."""
+    return OwnerLease(host=host, pid=os.getpid(), token=token, expires_at=time.time() + ttl_s)
+
+
+async def wait_for_owner(
+    store: CheckpointStore, record: RunRecord, *, host: str, ttl_s: float, wait: bool
+) -> RunRecord:
+    """Return the run's record once its owner is gone (it may then be taken over).
+
+    With ``wait`` this waits for a live owner's lease to expire, re-reading the record, unless
+    the lease runs far longer than leases of this process would (then it refuses at once);
+    without, a live owner is refused at once. Refusal is :class:`RunLocked`.
+    """
+    while True:
+        state = owner_state(record.owner, now=time.time(), host=host)
+        if state.gone:
+            return record
+        if not wait or state.expires_in_s > ttl_s * 3:
+            raise RunLocked(
+                f"run {record.run_id} is {state.why} for {state.expires_in_s:.1f}s more; "
+                "resume it after the lease expires (or wait for it)"
+            )
+        await asyncio.sleep(min(max(state.expires_in_s, 0.05), 0.5))
+        record = await store.get_run(record.run_id)
+
+
+async def claim(store: CheckpointStore, record: RunRecord, *, host: str, ttl_s: float) -> int:
+    """Take the run over with the next fencing token; return it (FencedOut if someone was first)."""
+    token = record.fencing_token + 1
+    return await store.claim(record.run_id, record.fencing_token, new_lease(host, token, ttl_s))
 
 
 class Heartbeat:

@@ -1,4 +1,10 @@
-"""Assembling a runner from settings: store, dispatcher, limiter and hooks, opened and closed once."""
+"""Assembling a runner from settings: store, dispatcher, limiter and hooks, opened and closed once.
+
+Tracing is put together here, around the parts rather than inside them: with tracing on, the
+store, the limiter and the model backends are wrapped in their traced versions and the runner
+gets the tracing interceptor (:mod:`chainrt.tracing._intercept`); with tracing off nothing is
+wrapped and nothing of tracing is imported.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._hooks import NO_HOOKS, Hooks
+from ._hooks import NO_HOOKS, Hooks, observes
 from ._progress import NO_PROGRESS, Progress
+from ._run import RunInterceptor
 from ._runner import Runner
 from ._settings import Settings, get_settings
 from .concurrency import Limiter, open_limiter
@@ -81,12 +88,19 @@ async def open_runtime(
     if limiter is None:
         limiter = open_limiter(store_url, lease_ttl_s=settings.lease_ttl_s)
         owned.append(limiter)
+    interceptors: list[RunInterceptor] = []
+    if observes(hooks):
+        from .tracing._intercept import TracedLimiter, TracedStore, TracingInterceptor
+
+        store_obj = TracedStore(store_obj, hooks)
+        limiter = TracedLimiter(limiter, hooks)
+        interceptors.append(TracingInterceptor(hooks))
     allowed = tuple(m.strip() for m in settings.allowed_modules.split(",") if m.strip())
     runner = Runner(
         store_obj,
         dispatcher,
         limiter,
-        hooks=hooks,
+        interceptors=interceptors,
         progress=progress,
         lease_ttl_s=settings.lease_ttl_s,
         allowed_modules=allowed,

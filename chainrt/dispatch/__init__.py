@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from .._hooks import NO_HOOKS, Hooks
+from .._hooks import NO_HOOKS, Hooks, observes
 from ._backend import BackendAnswer, BackendError, LocalBackend, ModelBackend
 from ._dispatcher import Dispatcher, DispatchFailed
 from ._http import HttpBackend
@@ -50,13 +50,17 @@ def make_dispatcher(
 
     ``None``: only the in-process ``local`` model. ``local`` stays the in-process model unless
     the pool maps ``local`` to endpoints. :class:`~chainrt.SpecError` when the file is invalid.
+    With tracing ``hooks``, every backend is wrapped so that each attempt is an ``llm.dispatch``
+    span (:class:`chainrt.tracing._intercept.TracedBackend`).
     """
     backends: dict[str, ModelBackend] = {"local": LocalBackend()}
     window = 20
     if pool is not None:
         config = pool if isinstance(pool, PoolConfig) else load_pool_config(pool)
-        backends.update(pool_backends(config, hooks=hooks))
+        backends.update(pool_backends(config))
         window = config.latency_window
-    return Dispatcher(
-        backends, hooks=hooks, latency=LatencyTracker(size=window, min_samples=min(3, window))
-    )
+    if observes(hooks):
+        from ..tracing._intercept import trace_backends
+
+        backends = trace_backends(backends, hooks)
+    return Dispatcher(backends, latency=LatencyTracker(size=window, min_samples=min(3, window)))

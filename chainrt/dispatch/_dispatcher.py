@@ -12,6 +12,7 @@ when the step has one, closes the list.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Coroutine, Mapping
@@ -20,7 +21,6 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from .._errors import DispatchError
-from .._hooks import NO_HOOKS, Hooks
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, BackendError, ModelBackend
 from ._latency import LatencyTracker, too_slow
@@ -57,12 +57,9 @@ class Dispatcher:
         self,
         backends: Mapping[str, ModelBackend],
         *,
-        hooks: Hooks = NO_HOOKS,
         latency: LatencyTracker | None = None,
     ) -> None:
         self._backends = dict(backends)
-        self.hooks = hooks
-        """Observers of every attempt (one ``llm.dispatch`` span each)."""
         self._in_flight: dict[str, int] = {}
         self.latency = latency or LatencyTracker()
         """Recent answer times per model (p50 decides skips, p90 reserves, p50 stuck cuts)."""
@@ -236,53 +233,31 @@ class _ModelTry:
             fallback_next=self.reserve_s > 0,
         )
         started = time.perf_counter()
-        with self.d.hooks.span(
-            "llm.dispatch",
-            {
-                "chainrt.run_id": call.run_id,
-                "chainrt.step_id": call.step_id,
-                "chainrt.model": model,
-                "chainrt.attempt": len(self.attempts) + 1,
-                # Same meaning as on chain.step: the fallback model's name, absent on the primary.
-                "chainrt.fallback": model if model != call.model else None,
-                "gen_ai.request.model": model,
-                "chainrt.attempt_ms": round((end - now) * 1000, 3),
-                "gen_ai.request.max_tokens": self.max_tokens,
-            },
-        ) as span:
-            in_flight = self.d._in_flight
-            in_flight[model] = in_flight.get(model, 0) + 1
-            try:
-                got = await _bounded(
-                    self.backend.complete(
-                        call, model, self.max_tokens, end, avoid=frozenset(self.avoid)
-                    ),
-                    end,
-                )
-                _check_answer(call, got)
-            except BackendError as exc:
-                span.error(exc)
-                span.set(**{"chainrt.endpoint": exc.endpoint, "chainrt.status": exc.error_class})
-                elapsed = (time.perf_counter() - started) * 1000
-                if exc.error_class == "unavailable":
-                    self._log("skipped", elapsed, None, exc.message)
-                    raise _Skipped(exc.message) from None
-                self._log(exc.error_class, elapsed, exc.endpoint, exc.message)
-                if exc.endpoint is not None:
-                    self.avoid.add(exc.endpoint)
-                raise
-            finally:
-                in_flight[model] -= 1
-            elapsed = (time.perf_counter() - started) * 1000
-            status = "ok" if got.finish_reason != "deadline" else "deadline"
-            span.set(
-                **{
-                    "chainrt.endpoint": got.endpoint,
-                    "chainrt.status": status,
-                    "gen_ai.usage.input_tokens": got.prompt_tokens,
-                    "gen_ai.usage.output_tokens": got.completion_tokens,
-                }
+        # The attempt's number goes with the call: interceptors of the backend (tracing) read it.
+        attempt = dataclasses.replace(call, attempt=len(self.attempts) + 1)
+        in_flight = self.d._in_flight
+        in_flight[model] = in_flight.get(model, 0) + 1
+        try:
+            got = await _bounded(
+                self.backend.complete(
+                    attempt, model, self.max_tokens, end, avoid=frozenset(self.avoid)
+                ),
+                end,
             )
+            _check_answer(call, got)
+        except BackendError as exc:
+            elapsed = (time.perf_counter() - started) * 1000
+            if exc.error_class == "unavailable":
+                self._log("skipped", elapsed, None, exc.message)
+                raise _Skipped(exc.message) from None
+            self._log(exc.error_class, elapsed, exc.endpoint, exc.message)
+            if exc.endpoint is not None:
+                self.avoid.add(exc.endpoint)
+            raise
+        finally:
+            in_flight[model] -= 1
+        elapsed = (time.perf_counter() - started) * 1000
+        status = "ok" if got.finish_reason != "deadline" else "deadline"
         if status == "ok":
             self.d.latency.record(model, elapsed / 1000, time.monotonic())
         self._log(status, elapsed, got.endpoint, None)

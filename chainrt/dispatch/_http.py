@@ -28,7 +28,6 @@ from typing import Any
 
 import httpx
 
-from .._hooks import NO_HOOKS, Hooks
 from ._backend import BackendAnswer, BackendError, ModelBackend
 from ._breaker import BreakerPolicy
 from ._choice import choose
@@ -95,14 +94,12 @@ class HttpBackend(ModelBackend):
         endpoints: Sequence[tuple[str, float]],
         *,
         resources: PoolResources,
-        hooks: Hooks = NO_HOOKS,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.model = model
         self.served_model = served_model
         self.endpoints = list(endpoints)
         self.resources = resources
-        self._hooks = hooks
         self._rng = rng
         self._bases = {url: resources.register(url) for url, _ in self.endpoints}
 
@@ -194,10 +191,9 @@ class HttpBackend(ModelBackend):
             "X-Chainrt-Deadline": str(math.floor(deadline * 1000)),
             "X-Priority": call.priority,
         }
-        # Taken here, inside the dispatcher's llm.dispatch span, so the worker's span is its child.
-        traceparent = self._hooks.traceparent() or call.traceparent
-        if traceparent:
-            headers["traceparent"] = traceparent
+        # Set by tracing inside the attempt's llm.dispatch span: the worker's span is its child.
+        if call.traceparent:
+            headers["traceparent"] = call.traceparent
         if call.run_id:
             headers["X-Request-Id"] = f"{call.run_id}:{call.step_id}"
         timeout = httpx.Timeout(left, connect=min(left, self.resources.connect_timeout_s))

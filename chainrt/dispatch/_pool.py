@@ -26,7 +26,6 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .._errors import SpecError
-from .._hooks import NO_HOOKS, Hooks
 from ..spec._models import DurationMs
 from ..spec._template import format_path
 from ..spec._yaml import YamlDocument, parse_yaml, read_yaml
@@ -230,7 +229,7 @@ def _validate(doc: YamlDocument, file: str | None) -> PoolConfig:
     return config
 
 
-def pool_backends(config: PoolConfig, *, hooks: Hooks = NO_HOOKS) -> dict[str, ModelBackend]:
+def pool_backends(config: PoolConfig) -> dict[str, ModelBackend]:
     """One :class:`~chainrt.dispatch.HttpBackend` per model of ``config``, sharing one HTTP
     client, one health poller and one table of endpoint states (breakers, in-flight counts)."""
     from ._http import HttpBackend, PoolResources
@@ -247,14 +246,11 @@ def pool_backends(config: PoolConfig, *, hooks: Hooks = NO_HOOKS) -> dict[str, M
             model.served_model or name,
             [(e.url, e.capacity) for e in model.endpoints],
             resources=resources,
-            hooks=hooks,
         )
         for name, model in config.models.items()
     }
 
 
-def load_pool_backends(
-    path: str | os.PathLike[str], *, hooks: Hooks = NO_HOOKS
-) -> dict[str, ModelBackend]:
+def load_pool_backends(path: str | os.PathLike[str]) -> dict[str, ModelBackend]:
     """The backends of the pool file at ``path`` (:class:`SpecError` when the file is invalid)."""
-    return pool_backends(load_pool_config(path), hooks=hooks)
+    return pool_backends(load_pool_config(path))

@@ -37,6 +37,9 @@ class LlmCall:
     run_id: str = ""
     step_id: str = ""
     traceparent: str | None = None
+    """W3C trace context to send with the request (tracing sets it for each attempt)."""
+    attempt: int = 1
+    """Number of this attempt within the step (the dispatcher sets it on each attempt's copy)."""
 
 
 @dataclass(slots=True)

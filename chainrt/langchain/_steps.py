@@ -27,7 +27,7 @@ from langchain_core.runnables.config import ensure_config, merge_configs
 from pydantic import BaseModel
 
 from .._errors import ToolError
-from .._steps import StepOutcome, run_tool
+from .._run import StepOutcome, run_tool
 from ..spec import render_value, resolve_callable, resolve_object
 
 if TYPE_CHECKING:

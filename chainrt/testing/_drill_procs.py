@@ -191,7 +191,7 @@ async def _child_run(request: SpawnRequest, loaded: Any) -> int:
         async with open_runtime(store=request["store"]) as runtime:
             if request["foreign_host"]:
                 # As if on another machine: the dead-pid shortcut cannot apply to this owner.
-                runtime.runner._host = f"drill-host-{os.getpid()}"
+                runtime.runner.host = f"drill-host-{os.getpid()}"
             if request["mode"] == "run":
                 result = await runtime.runner.run(
                     loaded.spec,

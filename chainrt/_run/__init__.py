@@ -1,0 +1,54 @@
+"""The runner's collaborators (the budget loop itself is :mod:`chainrt._runner`).
+
+_journal    Clock, RunJournal: one execution's clock and state, every checkpoint write
+_step       one step from allotment to record: keys, the kind's executor, settle()
+_llm        the llm step kind (dispatch)
+_tool       the tool step kind (sync/async callables; retries via tenacity + decide_retry)
+_runnable   the runnable step kind (LangChain, imported on first use)
+_intercept  RunInterceptor: code wrapped around each execution and each step (tracing)
+"""
+
+from __future__ import annotations
+
+from ._intercept import RunCall, RunInterceptor, RunStart, StepCall, chain_runs, chain_steps
+from ._journal import COMMIT_GRACE_S, Clock, RunJournal
+from ._llm import LlmExecutor, llm_call, run_llm
+from ._runnable import RunnableExecutor
+from ._step import (
+    KindExecutor,
+    StepOutcome,
+    StepStart,
+    acquire_keys,
+    run_step,
+    settle,
+    skipped_record,
+    step_record,
+)
+from ._tool import ToolExecutor, call_tool, run_tool
+
+__all__ = [
+    "COMMIT_GRACE_S",
+    "Clock",
+    "KindExecutor",
+    "LlmExecutor",
+    "RunCall",
+    "RunInterceptor",
+    "RunJournal",
+    "RunStart",
+    "RunnableExecutor",
+    "StepCall",
+    "StepOutcome",
+    "StepStart",
+    "ToolExecutor",
+    "acquire_keys",
+    "call_tool",
+    "chain_runs",
+    "chain_steps",
+    "llm_call",
+    "run_llm",
+    "run_step",
+    "run_tool",
+    "settle",
+    "skipped_record",
+    "step_record",
+]

@@ -1,0 +1,90 @@
+"""Interceptors: code wrapped around each run and each step, as the Temporal SDK's interceptors
+wrap activities and workflows.
+
+An interceptor sees a unit of work's input, calls ``call_next`` to run it (and the interceptors
+inside it), and sees its result or exception; it may pass on a changed input. Tracing is one
+(``chain.run`` and ``chain.step`` spans, :mod:`chainrt.tracing._intercept`); the runner knows
+none of them by name. With no interceptors the runner calls its own code directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._result import RunResult
+from ..store._records import RunRecord, StepRecord
+from ._step import StepStart
+
+__all__ = ["RunCall", "RunInterceptor", "RunStart", "StepCall", "chain_runs", "chain_steps"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """An execution of a run about to start (a new run, or a resume): the input of
+    :meth:`RunInterceptor.execute_run`."""
+
+    record: RunRecord
+    """The run record as this execution starts (owner lease and fencing token taken)."""
+    budget_ms: float
+    """The run's total budget (a resume with a new budget: what was used plus the new one)."""
+    resumed: bool = False
+    links: list[dict[str, Any]] = field(default_factory=list)
+    """Trace contexts of the executions this one resumes (empty for a new run)."""
+    trace: dict[str, Any] | None = None
+    """Trace context to store with the run (so a later resume can link back to it); an
+    interceptor that opens a trace sets it, the runner writes it before the first step."""
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.record.run_id
+
+
+RunCall = Callable[[RunStart], Awaitable[RunResult]]
+StepCall = Callable[[StepStart], Awaitable[StepRecord]]
+
+
+class RunInterceptor:
+    """Wraps executions of runs and of steps. Override what you need; the defaults pass through.
+
+    ``execute_run`` covers an execution from its first checkpoint to its last (the lease given
+    back); ``execute_step`` covers one step from its allotment to its record (key waits, retries,
+    fallbacks), before the record is written. Both run in the run's own task.
+    """
+
+    async def execute_run(self, run: RunStart, call_next: RunCall) -> RunResult:
+        """Run an execution: ``return await call_next(run)``."""
+        return await call_next(run)
+
+    async def execute_step(self, step: StepStart, call_next: StepCall) -> StepRecord:
+        """Run one step: ``return await call_next(step)``."""
+        return await call_next(step)
+
+
+def chain_runs(interceptors: Sequence[RunInterceptor], inner: RunCall) -> RunCall:
+    """``inner`` wrapped by ``interceptors``, the first one outermost."""
+    call = inner
+    for interceptor in reversed(interceptors):
+        call = functools.partial(_run_through, interceptor, call)
+    return call
+
+
+def chain_steps(interceptors: Sequence[RunInterceptor], inner: StepCall) -> StepCall:
+    """``inner`` wrapped by ``interceptors``, the first one outermost."""
+    call = inner
+    for interceptor in reversed(interceptors):
+        call = functools.partial(_step_through, interceptor, call)
+    return call
+
+
+async def _run_through(interceptor: RunInterceptor, call_next: RunCall, run: RunStart) -> RunResult:
+    return await interceptor.execute_run(run, call_next)
+
+
+async def _step_through(
+    interceptor: RunInterceptor, call_next: StepCall, step: StepStart
+) -> StepRecord:
+    return await interceptor.execute_step(step, call_next)

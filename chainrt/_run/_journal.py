@@ -1,0 +1,180 @@
+"""The run journal: one execution's clock, its in-memory run state, and every write of it.
+
+The budget loop asks the journal how much time is left and tells it what happened; the journal
+turns that into atomic checkpoint commits (step record + run progress in one round trip) under the
+execution's fencing token, and keeps its in-memory copy of the run record in step with what was
+written. Nothing here decides anything about the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from .._errors import StoreUnavailable
+from .._result import RunResult
+from ..spec import StepSpec
+from ..store._protocol import CheckpointStore
+from ..store._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
+
+__all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal"]
+
+COMMIT_GRACE_S = 0.5
+"""Time a checkpoint write may take even when the budget has run out (the result must land)."""
+
+
+class Clock:
+    """Budget bookkeeping of one execution: ms used so far (earlier executions included), ms left."""
+
+    __slots__ = ("_t0", "total_ms", "used_before_ms")
+
+    def __init__(self, total_ms: float, used_before_ms: float = 0.0) -> None:
+        self.total_ms = total_ms
+        self.used_before_ms = used_before_ms
+        self._t0 = time.perf_counter()
+
+    def used_ms(self) -> float:
+        """Budget used: what earlier executions used plus the time since this one started."""
+        return self.used_before_ms + (time.perf_counter() - self._t0) * 1000
+
+    def remaining_ms(self) -> float:
+        """Budget left (negative once overrun)."""
+        return self.total_ms - self.used_ms()
+
+
+class RunJournal:
+    """The state of one execution of a run, and the only writer of its checkpoints.
+
+    ``record`` mirrors the stored run record after each commit; ``done`` holds the step records
+    written so far (those of earlier executions included); ``scope`` is what templates see
+    (``input``, ``steps.<id>.output``, ``run_id``).
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        record: RunRecord,
+        done: dict[str, StepRecord],
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.record = record
+        self.token = record.fencing_token
+        self.clock = clock
+        self.done = dict(done)
+        self.waits_ms: dict[str, float] = dict(record.waits_ms)
+        self.scope: dict[str, Any] = {
+            "input": record.input,
+            "steps": {
+                step_id: {"output": rec.output}
+                for step_id, rec in done.items()
+                if rec.status in FINAL_STEP_STATUSES
+            },
+            "run_id": record.run_id,
+        }
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.record.run_id
+
+    def pending(self, steps: list[StepSpec]) -> list[StepSpec]:
+        """The steps still to run: those without a final record (a resume skips the rest)."""
+        return [
+            s
+            for s in steps
+            if s.id not in self.done or self.done[s.id].status not in FINAL_STEP_STATUSES
+        ]
+
+    def result(self) -> RunResult:
+        """The run as the caller sees it now."""
+        return RunResult.from_records(self.record, self.done)
+
+    async def record_step(self, step: StepRecord) -> None:
+        """Write a step's record with the run's progress; its output becomes visible to templates."""
+        await self.commit(step=step)
+        if step.status in FINAL_STEP_STATUSES:
+            self.scope["steps"][step.step_id] = {"output": step.output}
+
+    async def finish(
+        self,
+        status: str,
+        *,
+        output: Any = None,
+        error: str | None = None,
+        stopped_at: str | None = None,
+        step: StepRecord | None = None,
+    ) -> None:
+        """Write the run's final status (with the last step's record, if any) and let go of it."""
+        await self.commit(
+            step=step,
+            status=status,
+            release=True,
+            output=output,
+            error=error,
+            stopped_at=stopped_at,
+        )
+
+    async def release(self) -> None:
+        """Give the owner lease back with the run still ``running``: a resume may start at once."""
+        await self.commit(status="running", release=True)
+
+    async def commit(
+        self,
+        *,
+        step: StepRecord | None = None,
+        status: str = "running",
+        release: bool = False,
+        trace: dict[str, Any] | None = None,
+        budget_total: float | None = None,
+        output: Any = None,
+        error: str | None = None,
+        stopped_at: str | None = None,
+    ) -> None:
+        """One atomic checkpoint: ``step`` (if any) and the run's progress, fenced by the token.
+
+        The write may take the budget that is left, and at least :data:`COMMIT_GRACE_S`;
+        past that the store counts as unavailable (StoreUnavailable).
+        """
+        progress = RunProgress(
+            status=status,
+            budget_used_ms=round(self.clock.used_ms(), 3),
+            output=output,
+            error=error,
+            stopped_at=stopped_at,
+            release_owner=release,
+            waits_ms=self.waits_ms,
+            budget_total_ms=budget_total,
+            trace=trace,
+        )
+        timeout = max(self.clock.remaining_ms() / 1000, COMMIT_GRACE_S)
+        try:
+            # Not wait_for: on Python 3.11 a cancellation racing the write can leave the
+            # write's own error (FencedOut) unretrieved in wait_for's inner task, printed
+            # as a traceback at exit. Here the write runs in this task and its error is raised.
+            async with asyncio.timeout(timeout):
+                await self.store.commit(self.record.run_id, self.token, progress, step)
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"checkpoint of run {self.record.run_id} did not complete within the budget; "
+                f"the store ({self.store.url}) is too slow or down — resume the run when it is back"
+            ) from None
+        if step is not None:
+            self.done[step.step_id] = step
+        update: dict[str, Any] = {
+            "status": status,
+            "budget_used_ms": progress.budget_used_ms,
+            "waits_ms": dict(self.waits_ms),
+            "output": output,
+            "error": error,
+            "stopped_at": stopped_at,
+            "updated_at": time.time(),
+        }
+        if budget_total is not None:
+            update["budget_total_ms"] = budget_total
+        if trace is not None:
+            update["trace"] = trace
+        if release:
+            update["owner"] = None
+        self.record = self.record.model_copy(update=update)

@@ -1,0 +1,121 @@
+"""The ``llm`` step kind: render the messages, hand the call to the dispatcher, read its answer.
+
+Retries, fallbacks, the static answer and every deadline below the step's live in dispatch
+(DESIGN §7); this executor only turns a step into an :class:`~chainrt.dispatch.LlmCall` and the
+dispatcher's answer (or failure) into a step outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .._errors import ChainRTError
+from ..dispatch import Dispatcher, DispatchFailed, LlmCall
+from ..spec import ChainSpec, StepSpec, render_value
+from ._step import StepOutcome
+
+__all__ = ["LlmExecutor", "llm_call", "run_llm"]
+
+_DEADLINE_SLACK_S = 0.005
+"""A dispatch failure this close to the deadline counts as the step timing out."""
+
+
+def llm_call(step: StepSpec, scope: dict[str, Any], run_id: str) -> LlmCall:
+    """The dispatcher's call for an ``llm`` step, its templates rendered against ``scope``."""
+    llm = step.llm
+    assert llm is not None
+    messages: list[tuple[str, str]]
+    if llm.messages is not None:
+        messages = [(m.role, str(render_value(m.content, scope))) for m in llm.messages]
+    else:
+        messages = []
+        if llm.system is not None:
+            messages.append(("system", str(render_value(llm.system, scope))))
+        messages.append(("user", str(render_value(llm.prompt, scope))))
+    return LlmCall(
+        model=llm.model,
+        messages=messages,
+        max_tokens=llm.max_tokens,
+        temperature=llm.temperature,
+        json_output=llm.json_output,
+        stop=llm.stop,
+        fallbacks=list(step.fallbacks),
+        static_answer=None
+        if step.static_answer is None
+        else str(render_value(step.static_answer, scope)),
+        attempts=step.retry.attempts,
+        backoff_ms=step.retry.backoff,
+        max_backoff_ms=step.retry.max_backoff,
+        attempt_timeout_ms=step.attempt_timeout,
+        keep_partial=step.on_timeout == "partial",
+        shrink_on_memory_pressure=step.on_memory_pressure == "shrink",
+        run_id=run_id,
+        step_id=step.id,
+    )
+
+
+async def run_llm(dispatcher: Dispatcher, call: LlmCall, deadline: float) -> StepOutcome:
+    """Dispatch an LLM call; JSON steps get their output parsed."""
+    try:
+        answer = await dispatcher.complete(call, deadline)
+    except DispatchFailed as exc:
+        timed_out = deadline - time.time() <= _DEADLINE_SLACK_S
+        return StepOutcome(
+            "timed_out" if timed_out else "failed",
+            attempts=len(exc.attempts),
+            model=call.model,
+            error=exc.message,
+            attempt_log=exc.attempts,
+        )
+    output: Any = answer.text
+    if call.json_output and not answer.partial:
+        try:
+            output = json.loads(answer.text)  # models' answers were checked by the dispatcher
+        except ValueError:
+            output = answer.text  # a static answer that is plain text stays text
+    return StepOutcome(
+        "partial" if answer.partial else "completed",
+        output=output,
+        attempts=len(answer.attempts),
+        model=answer.model,
+        fallback=answer.model if answer.model != call.model else None,
+        attempt_log=answer.attempts,
+    )
+
+
+class LlmExecutor:
+    """Runs ``llm`` steps through one dispatcher."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    async def prepare(self, spec: ChainSpec) -> None:
+        """Get the chain's models ready (load the in-process model) before the budget clock runs.
+
+        A model that fails to get ready is not an error here: its steps record the failure.
+        """
+        models = {
+            model
+            for step in spec.steps
+            if step.llm is not None
+            for model in (step.llm.model, *step.fallbacks)
+        }
+        if models:
+            with contextlib.suppress(ChainRTError):
+                await self.dispatcher.prepare(sorted(models))
+
+    async def run(
+        self,
+        step: StepSpec,
+        scope: dict[str, Any],
+        *,
+        run_id: str,
+        deadline: float,
+        source_dir: Path | None,
+    ) -> StepOutcome:
+        """Dispatch the step's call inside ``deadline``."""
+        return await run_llm(self.dispatcher, llm_call(step, scope, run_id), deadline)

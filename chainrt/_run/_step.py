@@ -1,0 +1,188 @@
+"""One step from its allotment to its record: step-scoped keys, then the step kind's executor.
+
+Every kind (``llm``, ``tool``, ``runnable``) has an executor in its own module with one method,
+``run(step, scope, run_id=, deadline=, source_dir=) -> StepOutcome``. This module holds what they
+share: the outcome type, the step record built from it, the concurrency keys taken inside the
+allotment, and :func:`settle`, the pure rule that says what a step's record means for the run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .._errors import ChainRTError, ConcurrencyRejected
+from ..concurrency import Holding, KeyRequest, Limiter
+from ..spec import StepSpec, render_value
+from ..spec._models import ConcurrencyKeySpec, rate_per_second
+from ..store._records import FINAL_STEP_STATUSES, AttemptRecord, StepRecord
+
+__all__ = [
+    "KindExecutor",
+    "StepOutcome",
+    "StepStart",
+    "acquire_keys",
+    "run_step",
+    "settle",
+    "skipped_record",
+    "step_record",
+]
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """How a step's attempts ended."""
+
+    status: str
+    """completed | partial | timed_out | failed | rejected | skipped"""
+    output: Any = None
+    attempts: int = 0
+    model: str | None = None
+    fallback: str | None = None
+    error: str | None = None
+    attempt_log: list[AttemptRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStart:
+    """A step the budget let start: what interceptors of ``execute_step`` see."""
+
+    run_id: str
+    step: StepSpec
+    allotted_ms: float
+
+
+class KindExecutor(Protocol):
+    """Runs one kind of step inside its deadline (unix seconds); never raises for the step's own
+    failures (a ChainRTError it raises is recorded as the step's failure)."""
+
+    async def run(
+        self,
+        step: StepSpec,
+        scope: dict[str, Any],
+        *,
+        run_id: str,
+        deadline: float,
+        source_dir: Path | None,
+    ) -> StepOutcome:
+        """Run ``step`` with templates rendered against ``scope``."""
+        ...
+
+
+def key_requests(keys: list[ConcurrencyKeySpec], scope: dict[str, Any]) -> list[KeyRequest]:
+    """The concurrency keys of a chain or step, rendered against ``scope``."""
+    return [
+        KeyRequest(
+            key=str(render_value(key.key, scope)),
+            limit=key.limit,
+            rate_per_s=rate_per_second(key.rate) if key.rate else None,
+            burst=key.burst or 1,
+        )
+        for key in keys
+    ]
+
+
+async def acquire_keys(
+    limiter: Limiter,
+    keys: list[ConcurrencyKeySpec],
+    scope: dict[str, Any],
+    *,
+    within_ms: float,
+    holder: str,
+) -> Holding:
+    """Take ``keys`` within ``within_ms`` (ConcurrencyRejected when they cannot be had in time)."""
+    if not keys:
+        return await limiter.acquire([], timeout_s=0.0, holder=holder)
+    return await limiter.acquire(
+        key_requests(keys, scope), timeout_s=max(within_ms, 0.0) / 1000, holder=holder
+    )
+
+
+async def run_step(
+    start: StepStart,
+    scope: dict[str, Any],
+    limiter: Limiter,
+    executor: KindExecutor,
+    source_dir: Path | None,
+) -> StepRecord:
+    """Run one step: its keys, then its executor, all inside the allotment; return its record."""
+    step, allot_ms, run_id = start.step, start.allotted_ms, start.run_id
+    started_at = time.time()
+    t0 = time.perf_counter()
+    deadline = started_at + allot_ms / 1000
+    model = step.llm.model if step.llm is not None else None
+    step_scope = {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
+    waits: dict[str, float] = {}
+    try:
+        holding = await acquire_keys(
+            limiter, step.concurrency, step_scope, within_ms=allot_ms, holder=f"{run_id}:{step.id}"
+        )
+    except ConcurrencyRejected as exc:
+        outcome = StepOutcome("rejected", error=exc.message)
+    else:
+        waits = holding.waits_ms
+        try:
+            outcome = await executor.run(
+                step, step_scope, run_id=run_id, deadline=deadline, source_dir=source_dir
+            )
+        except ChainRTError as exc:
+            outcome = StepOutcome("failed", error=exc.message)
+        finally:
+            await holding.release()
+    elapsed_ms = (time.perf_counter() - t0) * 1000
+    return step_record(step, outcome, allot_ms, started_at, elapsed_ms, waits)
+
+
+def step_record(
+    step: StepSpec,
+    outcome: StepOutcome,
+    allot_ms: float,
+    started_at: float,
+    elapsed_ms: float,
+    waits: dict[str, float] | None = None,
+) -> StepRecord:
+    """The record a step's outcome is written as."""
+    return StepRecord(
+        step_id=step.id,
+        status=outcome.status,
+        output=outcome.output,
+        attempts=outcome.attempts,
+        model=outcome.model,
+        fallback=outcome.fallback,
+        allotted_ms=round(allot_ms, 3),
+        elapsed_ms=round(elapsed_ms, 3),
+        started_at=started_at,
+        finished_at=started_at + elapsed_ms / 1000,
+        error=outcome.error,
+        attempt_log=outcome.attempt_log,
+        waits_ms=dict(waits or {}),
+    )
+
+
+def skipped_record(step: StepSpec, reason: str) -> StepRecord:
+    """The record of a step the budget skipped before it started."""
+    return step_record(step, StepOutcome("skipped", error=reason), 0.0, time.time(), 0.0)
+
+
+_RUN_STATUS = {"timed_out": "partial", "rejected": "rejected"}
+"""How a required step that did not complete ends the run (anything else: ``failed``)."""
+
+
+def settle(step: StepSpec, record: StepRecord) -> tuple[StepRecord, str | None]:
+    """What a step's record means for the run (pure): the record to write, and the run's final
+    status when the run stops here (None: go on with the next step).
+
+    A completed step goes on. An optional step that timed out, failed or was rejected is written
+    as skipped, and the run goes on. Any other step stops the run: ``partial`` after a timeout,
+    ``rejected`` when its keys were not to be had, else ``failed``.
+    """
+    if record.status in FINAL_STEP_STATUSES:
+        return record, None
+    if step.optional and record.status in ("timed_out", "failed", "rejected"):
+        skipped = record.model_copy(
+            update={"status": "skipped", "error": f"{record.status}: {record.error}"}
+        )
+        return skipped, None
+    return record, _RUN_STATUS.get(record.status, "failed")

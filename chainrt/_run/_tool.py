@@ -1,0 +1,287 @@
+"""The ``tool`` step kind: a Python callable, sync (in a thread) or async (on the loop), with retries.
+
+Async tools are cancelled at their deadline. A sync tool runs in a daemon thread and is abandoned
+at its deadline (Python cannot kill a thread); the attempt is recorded as timed out either way.
+
+Retries go through the same pure decision as LLM attempts (:func:`~chainrt.dispatch._policy.
+decide_retry`), driven by tenacity. A tool has no endpoints: every attempt is a fresh call, so an
+attempt cut by ``attempt_timeout`` is retried at once (as an LLM attempt is retried on another
+endpoint), and an attempt that raised is retried after the step's backoff (doubling, capped at
+``max_backoff``) — each only while the retry fits before the step's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from .._context import StepContext
+from .._errors import ChainRTError
+from ..dispatch._policy import MIN_ATTEMPT_S, Failure, MoveOn, Retry, decide_retry
+from ..spec import StepSpec, render_value, resolve_callable
+from ..store._records import AttemptRecord
+from ._step import StepOutcome
+
+__all__ = ["ToolExecutor", "call_tool", "run_tool"]
+
+_CTX_CACHE: dict[Callable[..., Any], bool] = {}
+
+
+def _wants_ctx(fn: Callable[..., Any]) -> bool:
+    wants = _CTX_CACHE.get(fn)
+    if wants is None:
+        try:
+            wants = "ctx" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            wants = False
+        _CTX_CACHE[fn] = wants
+    return wants
+
+
+def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    """Run a sync callable in a daemon thread; the future can be abandoned at a deadline."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
+
+    def target() -> None:
+        try:
+            value, exc = fn(**kwargs), None
+        except BaseException as error:  # handed to the awaiting task, not swallowed
+            value, exc = None, error
+        # If the loop is closed, nobody waits for this abandoned call any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    threading.Thread(target=target, name=f"chainrt-tool-{fn.__name__}", daemon=True).start()
+    return future
+
+
+def call_tool(fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext) -> Awaitable[Any]:
+    """Start one call of a tool: async tools on the loop, sync tools in a thread."""
+    if _wants_ctx(fn):
+        kwargs = {**kwargs, "ctx": ctx}
+    if inspect.iscoroutinefunction(fn):
+        coro: Awaitable[Any] = fn(**kwargs)
+        return coro
+    return _in_thread(fn, kwargs)
+
+
+def _check_json(value: Any, what: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ChainRTError(
+            f"{what} returned a value that is not JSON-serialisable ({type(value).__name__}): {exc}"
+        ) from None
+
+
+class _Failed(Exception):
+    """One attempt failed and may be retried: ``error_class`` is ``timeout`` or ``error``."""
+
+    def __init__(self, error_class: str) -> None:
+        super().__init__(error_class)
+        self.error_class = error_class
+
+
+class _OutOfTime(Exception):
+    """The step's deadline has passed: no retry can help."""
+
+
+class _Tries:
+    """The attempts of one tool step: tenacity drives them, :func:`decide_retry` decides."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        kwargs: dict[str, Any],
+        *,
+        run_id: str,
+        step_id: str,
+        deadline: float,
+        attempts: int,
+        backoff_ms: float,
+        max_backoff_ms: float,
+        attempt_timeout_ms: float | None,
+    ) -> None:
+        self.fn, self.kwargs = fn, kwargs
+        self.run_id, self.step_id, self.deadline = run_id, step_id, deadline
+        self.max_tries = attempts
+        self.max_backoff_s = max_backoff_ms / 1000
+        self.attempt_timeout_s = None if attempt_timeout_ms is None else attempt_timeout_ms / 1000
+        self.backoff_s = backoff_ms / 1000
+        self.log: list[AttemptRecord] = []
+        self.last_error = ""
+        self.decision: Retry | MoveOn | None = None
+
+    async def attempt(self) -> StepOutcome:
+        number = len(self.log) + 1
+        left = self.deadline - time.time()
+        if left <= 0:
+            raise _OutOfTime
+        limit = left if self.attempt_timeout_s is None else min(left, self.attempt_timeout_s)
+        started = time.perf_counter()
+        ctx = StepContext(self.run_id, self.step_id, number, time.time() + limit)
+        try:
+            value = await asyncio.wait_for(call_tool(self.fn, self.kwargs, ctx), timeout=limit)
+            _check_json(value, f"tool of step {self.step_id!r}")
+        except TimeoutError:
+            elapsed = (time.perf_counter() - started) * 1000
+            self._log(number, "timeout", elapsed, None)
+            self.last_error = f"timed out after {elapsed:.0f}ms"
+            if self.deadline - time.time() <= 0:
+                raise _OutOfTime from None
+            raise _Failed("timeout") from None  # the attempt timeout hit, not the deadline
+        except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
+            elapsed = (time.perf_counter() - started) * 1000
+            self.last_error = (
+                exc.message if isinstance(exc, ChainRTError) else f"{type(exc).__name__}: {exc}"
+            )
+            self._log(number, "error", elapsed, self.last_error)
+            raise _Failed("error") from None
+        self._log(number, "ok", (time.perf_counter() - started) * 1000, None)
+        return StepOutcome("completed", output=value, attempts=number, attempt_log=self.log)
+
+    def gave_up(self) -> StepOutcome:
+        """The outcome once no further attempt will be made."""
+        left = self.deadline - time.time()
+        last = self.log[-1].status if self.log else "timeout"
+        # A timeout with no room left for another attempt is the deadline's doing.
+        timed_out = left <= 0 or (last == "timeout" and left < MIN_ATTEMPT_S)
+        return StepOutcome(
+            "timed_out" if timed_out else "failed",
+            attempts=len(self.log),
+            error=self.last_error or "no time left",
+            attempt_log=self.log,
+        )
+
+    def _log(self, number: int, status: str, elapsed_ms: float, detail: str | None) -> None:
+        self.log.append(
+            AttemptRecord(
+                attempt=number, status=status, elapsed_ms=round(elapsed_ms, 3), detail=detail
+            )
+        )
+
+    # ------------------------------------------------------------------ tenacity hooks
+
+    def wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        assert isinstance(exc, _Failed)
+        decision = decide_retry(
+            Failure(error_class=exc.error_class, elsewhere=exc.error_class == "timeout"),
+            now=time.time(),
+            deadline=self.deadline,
+            reserve_s=0.0,
+            tries_used=len(self.log),
+            max_tries=self.max_tries,
+            backoff_s=self.backoff_s,
+            max_backoff_s=self.max_backoff_s,
+            max_tokens=0,
+            shrink=False,
+        )
+        self.decision = decision
+        if isinstance(decision, MoveOn):
+            return 0.0
+        if decision.wait_s > 0:
+            self.backoff_s *= 2
+        return decision.wait_s
+
+    def stop(self, state: RetryCallState) -> bool:
+        return isinstance(self.decision, MoveOn)
+
+
+async def run_tool(
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    *,
+    run_id: str,
+    step_id: str,
+    deadline: float,
+    attempts: int,
+    backoff_ms: float,
+    max_backoff_ms: float,
+    attempt_timeout_ms: float | None,
+) -> StepOutcome:
+    """Call a tool with retries, all inside ``deadline`` (unix seconds)."""
+    tries = _Tries(
+        fn,
+        kwargs,
+        run_id=run_id,
+        step_id=step_id,
+        deadline=deadline,
+        attempts=attempts,
+        backoff_ms=backoff_ms,
+        max_backoff_ms=max_backoff_ms,
+        attempt_timeout_ms=attempt_timeout_ms,
+    )
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(_Failed),
+        wait=tries.wait,
+        stop=tries.stop,
+        sleep=asyncio.sleep,
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                return await tries.attempt()
+    except (_Failed, _OutOfTime):
+        return tries.gave_up()
+    raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+
+class ToolExecutor:
+    """Runs ``tool`` steps; resolves each tool reference once (path checks cost more than a call)."""
+
+    def __init__(self, allowed_modules: tuple[str, ...] = ()) -> None:
+        self.allowed_modules = allowed_modules
+        self._tools: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    def resolve(self, ref: str, chain_dir: Path) -> Callable[..., Any]:
+        """The callable ``ref`` names, relative to ``chain_dir`` or an allow-listed module."""
+        key = (ref, str(chain_dir))
+        fn = self._tools.get(key)
+        if fn is None:
+            fn = resolve_callable(ref, chain_dir=chain_dir, allowed_modules=self.allowed_modules)
+            self._tools[key] = fn
+        return fn
+
+    async def run(
+        self,
+        step: StepSpec,
+        scope: dict[str, Any],
+        *,
+        run_id: str,
+        deadline: float,
+        source_dir: Path | None,
+    ) -> StepOutcome:
+        """Call the step's tool with its rendered ``args`` as keyword arguments."""
+        assert step.tool is not None
+        fn = self.resolve(step.tool, source_dir or Path.cwd())
+        return await run_tool(
+            fn,
+            render_value(step.args, scope),
+            run_id=run_id,
+            step_id=step.id,
+            deadline=deadline,
+            attempts=step.retry.attempts,
+            backoff_ms=step.retry.backoff,
+            max_backoff_ms=step.retry.max_backoff,
+            attempt_timeout_ms=step.attempt_timeout,
+        )
