@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -10,6 +11,11 @@ import pytest
 
 import chainrt
 from chainrt import InputError, RunLocked
+from chainrt._runner import Runner
+from chainrt.concurrency import LocalLimiter
+from chainrt.dispatch import make_dispatcher
+from chainrt.spec import spec_from_dict
+from chainrt.store import open_store
 
 CHAINS = Path(__file__).parent / "data" / "chains"
 
@@ -111,6 +117,130 @@ async def test_resume_of_completed_run_runs_nothing(store_url: str, call_log: Pa
     assert again.status == "completed"
     assert again.output == first.output
     assert calls(call_log) == before
+
+
+async def test_resume_runs_only_the_steps_without_a_record(
+    store_url: str, call_log: Path, tmp_path: Path
+) -> None:
+    chain = chainrt.load(CHAINS / "resumable.yaml")
+    marker = tmp_path / "three-may-finish"
+    first = await chain.arun({"marker": str(marker)}, run_id="part-1", store=store_url)
+    assert (first.status, first.stopped_at) == ("partial", "three"), first.error
+    assert [(s.id, s.status) for s in first.steps] == [
+        ("one", "completed"),
+        ("two", "completed"),
+        ("three", "timed_out"),
+    ]
+    store = open_store(store_url)
+    try:
+        recorded = await store.get_steps("part-1")
+        marker.write_text("go")
+        again = await chainrt.aresume("part-1", store=store_url, budget="5s")
+        after = await store.get_steps("part-1")
+    finally:
+        await store.close()
+    assert again.status == "completed", again.error
+    assert again.output == {"sum": 2, "three": "three"}  # four read one's and two's outputs
+    # one and two ran once, in the first execution; three (the step that was cut) ran again.
+    assert calls(call_log) == ["one", "two", "three", "three"]
+    assert after["one"] == recorded["one"]
+    assert after["two"] == recorded["two"]
+    assert after["three"].started_at > recorded["three"].started_at
+    assert after["four"].status == "completed"
+
+
+def _bounds_ms(total: float, used_ms: tuple[float, float], share: float) -> tuple[float, float]:
+    """DESIGN §3: ``(T - used) * w_k / sum(w_j)`` for the least and most budget used so far."""
+    least, most = used_ms
+    return (total - most) * share, (total - least) * share
+
+
+async def test_unused_time_of_a_step_rolls_forward_to_later_steps(
+    store_url: str, call_log: Path
+) -> None:
+    # The first step uses 0.2 s of the quarter of a 20 s budget it is given; what it leaves
+    # rolls forward: the second step gets a third of what is left (not a fixed quarter), the
+    # last one all that is left (not a fixed half). The budget is large so that load on the
+    # machine cannot blur the two: a fixed share (5 s, 10 s) lies seconds outside the bounds.
+    total = 20_000.0
+    spec = spec_from_dict(
+        {
+            "name": "rollover",
+            "budget": f"{total:.0f}ms",
+            "steps": [
+                {"id": "early", "tool": "tools.py:async_sleepy", "args": {"seconds": 0.2}},
+                {"id": "next", "tool": "tools.py:add", "args": {"a": 1, "b": 2}},
+                {"id": "last", "weight": 2, "tool": "tools.py:add", "args": {"a": 3, "b": 4}},
+            ],
+        }
+    )
+    store = open_store(store_url)
+    runner = Runner(store, make_dispatcher(None), LocalLimiter())
+    try:
+        called_at = time.time()  # the budget clock starts after this
+        result = await runner.run(spec, {}, source_dir=CHAINS)
+        steps = await store.get_steps(result.run_id)
+    finally:
+        await store.close()
+    assert result.status == "completed", result.error
+    early, nxt, last = steps["early"], steps["next"], steps["last"]
+    assert early.elapsed_ms >= 190  # the tool's 0.2 s sleep (asyncio may wake a little early)
+
+    def used_before(step_started_at: float, *earlier: float) -> tuple[float, float]:
+        # At least what the earlier steps took; at most the wall time since the call.
+        return sum(earlier), (step_started_at - called_at) * 1000
+
+    for record, used, share in [
+        (early, used_before(early.started_at), 1 / 4),
+        (nxt, used_before(nxt.started_at, early.elapsed_ms), 1 / 3),
+        (last, used_before(last.started_at, early.elapsed_ms, nxt.elapsed_ms), 2 / 2),
+    ]:
+        low, high = _bounds_ms(total, used, share)
+        assert low - 0.01 <= record.allotted_ms <= high + 0.01, (record.step_id, used, share)
+    # Fixed shares of the total would have been these; the bounds above exclude them.
+    assert nxt.allotted_ms > total / 4 + 1000
+    assert last.allotted_ms > total / 2 + 1000
+
+
+async def test_heartbeat_keeps_a_running_run_from_being_taken_over(
+    store_url: str, call_log: Path
+) -> None:
+    # A lease of 1.5 s renewed every 0.5 s; the run takes 4.5 s, three lease lengths. A runner
+    # on another host (so that only the lease, not a pid check, can stand in its way) tries
+    # resume(wait=False) once the first lease would have expired, every lease length after:
+    # each try must be refused while the owner still runs. Without renewal, the first try
+    # takes the run over. The lease is longer than the 0.6 s the mutation check used so that
+    # a loaded machine stalling the loop for up to 1 s cannot expire a renewed lease.
+    ttl_s = 1.5
+    spec = spec_from_dict(
+        {
+            "name": "long_step",
+            "budget": "60s",
+            "steps": [{"id": "slow", "tool": "tools.py:async_sleepy", "args": {"seconds": 4.5}}],
+        }
+    )
+    owner_store, other_store = open_store(store_url), open_store(store_url)
+    owner = Runner(owner_store, make_dispatcher(None), LocalLimiter(), lease_ttl_s=ttl_s)
+    other = Runner(
+        other_store, make_dispatcher(None), LocalLimiter(), lease_ttl_s=ttl_s, host="other-host"
+    )
+    try:
+        running = asyncio.create_task(owner.run(spec, {}, source_dir=CHAINS, run_id="beat-1"))
+        created = time.time()
+        refused = []
+        await asyncio.sleep(ttl_s * 1.5)
+        while not running.done():
+            with pytest.raises(RunLocked, match="lease valid"):
+                await other.resume("beat-1", wait=False)
+            refused.append(time.time() - created)
+            await asyncio.sleep(ttl_s)
+        result = await running
+    finally:
+        await owner_store.close()
+        await other_store.close()
+    assert result.status == "completed", result.error
+    assert len(refused) >= 2, refused
+    assert calls(call_log) == ["async_sleepy"]  # the step ran once, in its owner
 
 
 async def test_resume_refuses_a_live_owner_without_wait(store_url: str) -> None:

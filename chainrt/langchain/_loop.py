@@ -1,10 +1,16 @@
-"""One private event-loop thread behind LangChain's sync entry points (invoke, stream, batch).
+"""One private event loop behind LangChain's sync entry points (invoke, stream, batch): an anyio
+blocking portal.
 
 chainrt's async resources (a dispatcher's pooled HTTP client, a Redis connection) belong to the
 loop that made them. Sync LangChain calls arrive on any thread: a fresh loop per call would rebuild
-those resources every time, and the caller's own loop (if any) is blocked while it waits. So sync
-calls hand their coroutine to one long-lived daemon loop and wait for it. The caller's context
-variables (LangChain's run config, OpenTelemetry's current span) travel with the coroutine.
+those resources every time, and the caller's own loop (if any) is blocked while it waits. So every
+call goes to one long-lived portal (:func:`anyio.from_thread.start_blocking_portal`, started on
+first use, on asyncio) and waits for it. The caller's context variables (LangChain's run config,
+OpenTelemetry's current span) travel with the call: anyio schedules it with the caller's context.
+
+At interpreter exit the clean-ups registered with :func:`on_shutdown` run on the portal, then the
+portal stops, cancelling what still runs; its thread gets :data:`_SHUTDOWN_S` to end (it is a
+daemon: a task that ignores cancellation cannot hold the process).
 """
 
 from __future__ import annotations
@@ -15,41 +21,38 @@ import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 __all__ = ["iterate_sync", "on_loop", "on_shutdown", "run_sync"]
 
 T = TypeVar("T")
 
 _lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
+_portal: BlockingPortal | None = None
+_manager: AbstractContextManager[BlockingPortal] | None = None
 _thread: threading.Thread | None = None
 _cleanups: list[Callable[[], Awaitable[None]]] = []
 _SHUTDOWN_S = 5.0
 """How long the loop may take at interpreter exit to close what was opened on it."""
 
 
-def _background_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _thread
+def _background_portal() -> BlockingPortal:
+    global _portal, _manager, _thread
     with _lock:
-        if _loop is None:
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
-
-            def serve() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(ready.set)
-                loop.run_forever()
-
-            thread = threading.Thread(target=serve, name="chainrt-langchain-loop", daemon=True)
-            thread.start()
-            ready.wait()
-            _loop, _thread = loop, thread
+        if _portal is None:
+            manager = start_blocking_portal("asyncio", name="chainrt-langchain-loop")
+            portal = manager.__enter__()  # left at interpreter exit, in _shutdown
+            _thread = portal.call(threading.current_thread)
+            _portal, _manager = portal, manager
             atexit.register(_shutdown)
-        return _loop
+        return _portal
 
 
-def _on_background_thread() -> bool:
+def _on_portal_thread() -> bool:
     return _thread is not None and threading.current_thread() is _thread
 
 
@@ -60,12 +63,13 @@ def on_shutdown(cleanup: Callable[[], Awaitable[None]]) -> None:
 
 
 def _shutdown() -> None:
-    global _loop, _thread
+    global _portal, _manager, _thread
     with _lock:
-        loop, thread, _loop, _thread = _loop, _thread, None, None
+        portal, manager, thread = _portal, _manager, _thread
+        _portal = _manager = _thread = None
         cleanups = list(_cleanups)
         _cleanups.clear()
-    if loop is None or thread is None:
+    if portal is None or manager is None or thread is None:
         return
 
     async def close_all() -> None:
@@ -74,15 +78,16 @@ def _shutdown() -> None:
                 await cleanup()
 
     with contextlib.suppress(Exception):
-        asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=_SHUTDOWN_S)
-    loop.call_soon_threadsafe(loop.stop)
+        portal.start_task_soon(close_all).result(timeout=_SHUTDOWN_S)
+    with contextlib.suppress(Exception):
+        portal.start_task_soon(portal.stop, True).result(timeout=_SHUTDOWN_S)
     thread.join(timeout=_SHUTDOWN_S)
     if not thread.is_alive():
-        loop.close()
+        manager.__exit__(None, None, None)  # the portal has stopped: this returns at once
 
 
-def _refuse_on_loop_thread(coro: Coroutine[Any, Any, Any]) -> None:
-    if _on_background_thread():
+def _refuse_on_portal_thread(coro: Coroutine[Any, Any, Any]) -> None:
+    if _on_portal_thread():
         coro.close()
         raise RuntimeError(
             "a sync LangChain call (invoke/stream/batch) was made from code that runs on "
@@ -90,13 +95,17 @@ def _refuse_on_loop_thread(coro: Coroutine[Any, Any, Any]) -> None:
         )
 
 
+async def _await(coro: Coroutine[Any, Any, T]) -> T:
+    return await coro
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the background loop and block this thread until it ends.
 
     If the waiting thread is interrupted (KeyboardInterrupt), the coroutine is cancelled.
     """
-    _refuse_on_loop_thread(coro)
-    future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+    _refuse_on_portal_thread(coro)
+    future: Future[T] = _background_portal().start_task_soon(_await, coro)
     try:
         return future.result()
     except BaseException:
@@ -106,10 +115,11 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 async def on_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the background loop from any other loop (cancellation propagates)."""
-    loop = _background_loop()
-    if asyncio.get_running_loop() is loop:
+    portal = _background_portal()
+    if _on_portal_thread():
         return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+    result: T = await portal.call_async(_await, coro)
+    return result
 
 
 _ITEM, _END, _ERROR = 0, 1, 2
@@ -118,8 +128,9 @@ _ITEM, _END, _ERROR = 0, 1, 2
 def iterate_sync(stream: AsyncIterator[T]) -> Iterator[T]:
     """Iterate an async iterator from sync code: it runs on the background loop.
 
-    The producer runs ahead of the consumer (its items are small events); closing the returned
-    iterator early cancels the producer and waits briefly for its clean-up.
+    The producer runs ahead of the consumer (its items are small events, and a run must not
+    wait for the consumer); closing the returned iterator early cancels the producer and waits
+    briefly for its clean-up.
     """
     items: queue.Queue[tuple[int, Any]] = queue.Queue()
     finished = threading.Event()
@@ -139,8 +150,8 @@ def iterate_sync(stream: AsyncIterator[T]) -> Iterator[T]:
             finished.set()
 
     coro = pump()
-    _refuse_on_loop_thread(coro)
-    future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+    _refuse_on_portal_thread(coro)
+    future = _background_portal().start_task_soon(_await, coro)
     try:
         while True:
             kind, value = items.get()

@@ -92,3 +92,11 @@ async def hold(name: str, seconds: float) -> dict[str, float]:
     left = time.time()
     _log(name, entered=entered, left=left)
     return {"entered": entered, "left": left}
+
+
+async def sleep_unless(name: str, marker: str, seconds: float) -> dict[str, Any]:
+    """Logs the call; sleeps ``seconds`` (cancelled at the deadline) unless ``marker`` exists."""
+    _log(name)
+    if not Path(marker).exists():
+        await asyncio.sleep(seconds)
+    return {"name": name}
