@@ -209,8 +209,8 @@ async def test_heartbeat_keeps_a_running_run_from_being_taken_over(
     # on another host (so that only the lease, not a pid check, can stand in its way) tries
     # resume(wait=False) once the first lease would have expired, every lease length after:
     # each try must be refused while the owner still runs. Without renewal, the first try
-    # takes the run over. The lease is longer than the 0.6 s the mutation check used so that
-    # a loaded machine stalling the loop for up to 1 s cannot expire a renewed lease.
+    # takes the run over. 1.5 s rather than a shorter lease: a loaded 2-core machine may stall
+    # the loop for a good part of a second, and a renewed lease must survive a 1 s stall.
     ttl_s = 1.5
     spec = spec_from_dict(
         {
