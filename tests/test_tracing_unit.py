@@ -243,6 +243,32 @@ async def test_run_that_waits_falls_back_and_resumes_makes_two_linked_traces(
     assert json.loads(capsys.readouterr().out)["trace_url"] == url
 
 
+async def test_tracing_wraps_store_limiter_backends_and_runner_only_when_on(
+    tmp_path: Any,
+) -> None:
+    from chainrt.tracing._intercept import (
+        TracedBackend,
+        TracedLimiter,
+        TracedStore,
+        TracingInterceptor,
+    )
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    async with open_runtime(store=store, hooks=NO_HOOKS) as off:
+        # Off costs nothing: the runner talks to the parts themselves, no interceptor between.
+        assert not isinstance(off.store, TracedStore)
+        assert off.runner.store is off.store
+        assert not isinstance(off.limiter, TracedLimiter)
+        assert not isinstance(off.dispatcher.backend("local"), TracedBackend)
+        assert off.runner.interceptors == ()
+    async with open_runtime(store=store, hooks=in_memory_hooks()) as on:
+        assert isinstance(on.store, TracedStore)
+        assert on.runner.store is on.store
+        assert isinstance(on.limiter, TracedLimiter)
+        assert isinstance(on.dispatcher.backend("local"), TracedBackend)
+        assert [type(i) for i in on.runner.interceptors] == [TracingInterceptor]
+
+
 async def test_spans_nest_across_tasks_and_traceparent_names_the_current_span() -> None:
     hooks = in_memory_hooks()
     assert hooks.traceparent() is None
