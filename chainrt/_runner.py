@@ -40,6 +40,7 @@ from ._progress import NO_PROGRESS, Progress
 from ._result import RunResult
 from ._run import (
     Clock,
+    KindExecutor,
     LlmExecutor,
     RunInterceptor,
     RunJournal,
@@ -54,7 +55,6 @@ from ._run import (
     settle,
     skipped_record,
 )
-from ._run._step import KindExecutor
 from .concurrency import Limiter
 from .dispatch import Dispatcher
 from .spec import ChainSpec, StepSpec, render_value, spec_from_dict
