@@ -243,6 +243,52 @@ async def test_heartbeat_keeps_a_running_run_from_being_taken_over(
     assert calls(call_log) == ["async_sleepy"]  # the step ran once, in its owner
 
 
+async def test_one_runner_runs_many_runs_at_once_each_with_its_own_progress(
+    store_url: str,
+) -> None:
+    from chainrt._progress import Progress
+    from chainrt.store import RunRecord, StepRecord
+
+    class Seen(Progress):
+        def __init__(self) -> None:
+            self.events: list[tuple[str, str]] = []
+
+        def run_started(self, record: RunRecord, *, resumed: bool) -> None:
+            self.events.append(("run", record.run_id))
+
+        def step_finished(self, record: StepRecord) -> None:
+            self.events.append(("step", record.step_id))
+
+    spec = spec_from_dict(
+        {
+            "name": "together",
+            "budget": "30s",
+            "inputs": {"n": "int"},
+            "steps": [
+                {"id": "wait", "tool": "tools.py:async_sleepy", "args": {"seconds": 0.3}},
+                {"id": "sum", "tool": "tools.py:add", "args": {"a": "{{ input.n }}", "b": 1}},
+            ],
+        }
+    )
+    store = open_store(store_url)
+    runner = Runner(store, make_dispatcher(None), LocalLimiter())
+    seen = [Seen() for _ in range(5)]
+    try:
+        results = await asyncio.gather(
+            *(
+                runner.run(spec, {"n": n}, source_dir=CHAINS, run_id=f"many-{n}", progress=seen[n])
+                for n in range(5)
+            )
+        )
+    finally:
+        await store.close()
+    assert [(r.run_id, r.status, r.output) for r in results] == [
+        (f"many-{n}", "completed", n + 1) for n in range(5)
+    ]
+    for n, progress in enumerate(seen):
+        assert progress.events == [("run", f"many-{n}"), ("step", "wait"), ("step", "sum")]
+
+
 async def test_resume_refuses_a_live_owner_without_wait(store_url: str) -> None:
     from chainrt.store import OwnerLease, RunRecord, open_store
 
