@@ -4,20 +4,28 @@ import chainrt
 chain = chainrt.load("chains/support_agent.yaml")
 result = chain.run({"user_id": "u1", "session_id": "s1", "question": "Where is order 1042?"})
 result = chainrt.resume(result.run_id)
+
+``import chainrt`` is light: the error tree (:mod:`chainrt.errors`) is imported at once, everything
+else (the runner, pydantic, the store drivers, httpx) on first use of its name (PEP 562), so the
+CLI, the workers and ``chainrt.errors``/``chainrt.wire`` users pay only for what they touch.
 """
 
 from __future__ import annotations
 
-from ._chain import Chain, aresume, load, resume
-from ._context import StepContext
-from ._errors import (
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    BackendError,
     BudgetError,
     ChainRTError,
     CheckpointError,
     ConcurrencyError,
     ConcurrencyRejected,
+    ContextLengthExceeded,
     CorruptRecord,
     DispatchError,
+    DispatchFailed,
     EngineDead,
     EngineOOM,
     FencedOut,
@@ -29,18 +37,35 @@ from ._errors import (
     RunNotFound,
     SpecError,
     StepError,
-    StepTimeout,
     StoreUnavailable,
     TemplateError,
     ToolError,
     WorkerError,
 )
-from ._result import BudgetSummary, RunResult, StepSummary
-from ._settings import Settings
+
+if TYPE_CHECKING:
+    from ._chain import Chain, aresume, load, resume
+    from ._context import StepContext
+    from ._result import BudgetSummary, RunResult, StepSummary
+    from ._settings import Settings
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Chain": "._chain",
+    "aresume": "._chain",
+    "load": "._chain",
+    "resume": "._chain",
+    "StepContext": "._context",
+    "BudgetSummary": "._result",
+    "RunResult": "._result",
+    "StepSummary": "._result",
+    "Settings": "._settings",
+}
+"""Public names imported on first use, and the module that defines each."""
+
 __all__ = [
+    "BackendError",
     "BudgetError",
     "BudgetSummary",
     "Chain",
@@ -48,8 +73,10 @@ __all__ = [
     "CheckpointError",
     "ConcurrencyError",
     "ConcurrencyRejected",
+    "ContextLengthExceeded",
     "CorruptRecord",
     "DispatchError",
+    "DispatchFailed",
     "EngineDead",
     "EngineOOM",
     "FencedOut",
@@ -65,7 +92,6 @@ __all__ = [
     "StepContext",
     "StepError",
     "StepSummary",
-    "StepTimeout",
     "StoreUnavailable",
     "TemplateError",
     "ToolError",
@@ -75,3 +101,18 @@ __all__ = [
     "load",
     "resume",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazy public name on first use (and keep it, so the next use is a plain lookup)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chainrt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazy ones included (for completion and ``help``)."""
+    return sorted(set(globals()) | set(__all__))

@@ -15,6 +15,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from worker_fixtures import WorkerProcess
 
+from chainrt.dispatch._http import error_from_response
+from chainrt.errors import InsufficientMemory
+
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 STORY: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Write a very long story about a dragon and a knight."}
@@ -200,6 +203,13 @@ async def test_insufficient_memory_is_429_with_advice(worker: WorkerProcess) -> 
         assert 1 <= advice["max_tokens"] < 1000
         assert advice["retry_after_s"] > 0
         assert int(response.headers["Retry-After"]) >= 1
+        # The dispatcher reads this refusal as InsufficientMemory, carrying the same advice.
+        err = error_from_response(429, response.headers, response.content, worker.base)
+        assert isinstance(err, InsufficientMemory)
+        assert (err.advice_max_tokens, err.retry_after_s) == (
+            advice["max_tokens"],
+            advice["retry_after_s"],
+        )
         # The advice is right: that many tokens fit beside the first request now.
         small = await client.chat.completions.create(
             model="local",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from chainrt._errors import WorkerError
+from chainrt.errors import WorkerError
 from workers.engines import Engine
 
 if TYPE_CHECKING:

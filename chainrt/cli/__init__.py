@@ -3,6 +3,10 @@
 Errors are one line on stderr and a non-zero exit, never a traceback. Exit codes: 0 completed or
 partial; 1 failed or rejected; 2 bad usage, bad input or an invalid chain; 3 store or runtime
 error; 130 interrupted.
+
+Each command imports what it needs when it runs (the runtime, the store, the chain-spec models),
+so ``--help`` loads none of it and ``validate`` and ``runs`` load no HTTP client or dispatcher
+(``bench/cli_startup.py`` measures it; ``tests/test_imports.py`` pins it).
 """
 
 from __future__ import annotations
@@ -13,16 +17,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._durations import parse_duration_ms
-from .._errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
 from .._hooks import NO_HOOKS
 from .._progress import NO_PROGRESS, Progress
-from .._result import RunResult
-from .._runtime import Runtime, open_runtime
-from ..spec import chain_json_schema, load_spec, validate_paths
-from ._printer import LivePrinter, print_inspect, print_result, print_runs
+from ..errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
+
+if TYPE_CHECKING:
+    from .._result import RunResult
+    from .._runtime import Runtime
 
 __all__ = ["main"]
 
@@ -108,6 +112,8 @@ def _budget(raw: str | None) -> float | None:
 
 
 def _emit(result: RunResult, as_json: bool, trace_url: str | None = None) -> int:
+    from ._printer import print_result
+
     if as_json:
         payload = result.model_dump(mode="json")
         if trace_url:
@@ -139,6 +145,10 @@ async def _trace_url(runtime: Runtime, run_id: str) -> str | None:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from .._runtime import open_runtime
+    from ..spec import load_spec
+    from ._printer import LivePrinter
+
     loaded = load_spec(args.chain)
     inputs = _read_input(args.input)
     progress: Progress = NO_PROGRESS if args.json else LivePrinter()
@@ -157,6 +167,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _resume(args: argparse.Namespace) -> int:
+    from .._runtime import open_runtime
+    from ._printer import LivePrinter
+
     progress: Progress = NO_PROGRESS if args.json else LivePrinter()
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace
@@ -170,6 +183,7 @@ async def _resume(args: argparse.Namespace) -> int:
 
 async def _runs(args: argparse.Namespace) -> int:
     from ..store import open_store
+    from ._printer import print_runs
 
     store = open_store(args.store)  # None: CHAINRT_STORE or the embedded default
     try:
@@ -184,8 +198,10 @@ async def _runs(args: argparse.Namespace) -> int:
 
 
 async def _inspect(args: argparse.Namespace) -> int:
+    from .._result import RunResult
     from .._settings import get_settings
     from ..store import open_store
+    from ._printer import print_inspect
 
     settings = get_settings()
     store = open_store(args.store)
@@ -221,6 +237,8 @@ def _run_summary(run: Any) -> dict[str, Any]:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from ..spec import validate_paths
+
     errors = validate_paths([Path(p) for p in args.paths])
     for error in errors:
         print(str(error), file=sys.stderr)
@@ -235,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if args.command == "schema":
+            from ..spec import chain_json_schema
+
             print(json.dumps(chain_json_schema(), indent=2))
             return EXIT_OK
         if args.command == "validate":

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._durations import format_ms
 from .._progress import Progress
-from .._result import RunResult
-from ..spec import StepSpec
-from ..store._records import RunRecord, StepRecord
+
+if TYPE_CHECKING:  # annotations only: `chainrt runs` loads no chain-spec models
+    from .._result import RunResult
+    from ..spec import StepSpec
+    from ..store._records import RunRecord, StepRecord
 
 __all__ = ["LivePrinter", "print_inspect", "print_result", "print_runs"]
 

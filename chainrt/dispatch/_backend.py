@@ -5,13 +5,11 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
-from .._errors import DispatchError
+from ..errors import BackendError, WorkerError
+from ..wire import PRIORITIES
 from ._types import LlmCall
 
 __all__ = ["BackendAnswer", "BackendError", "LocalBackend", "ModelBackend"]
-
-_PRIORITY_RANK = {"critical": 0, "high": 1, "normal": 2, "low": 3}
-"""``X-Priority`` names as the engines rank them (lower is served first), as workers do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,26 +21,6 @@ class BackendAnswer:
     prompt_tokens: int
     completion_tokens: int
     endpoint: str | None = None
-
-
-class BackendError(DispatchError):
-    """One attempt failed. ``retry_after_s`` is the server's hint; ``error_class`` groups causes."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        error_class: str,
-        retryable: bool = True,
-        retry_after_s: float | None = None,
-        endpoint: str | None = None,
-        advice_max_tokens: int | None = None,
-    ) -> None:
-        super().__init__(message, retryable=retryable)
-        self.error_class = error_class
-        self.retry_after_s = retry_after_s
-        self.endpoint = endpoint
-        self.advice_max_tokens = advice_max_tokens
 
 
 class ModelBackend(abc.ABC):
@@ -99,7 +77,6 @@ class LocalBackend(ModelBackend):
         return True
 
     async def prepare(self) -> None:
-        from chainrt._errors import WorkerError
         from workers.engines import get_local_engine
 
         try:
@@ -118,9 +95,7 @@ class LocalBackend(ModelBackend):
         *,
         avoid: frozenset[str] = frozenset(),
     ) -> BackendAnswer:
-        from chainrt._errors import WorkerError
-        from workers.engines import get_local_engine
-        from workers.engines._base import ChatMessage, GenerationRequest
+        from workers.engines import ChatMessage, GenerationRequest, get_local_engine
 
         request = GenerationRequest(
             messages=[ChatMessage(role, content) for role, content in call.messages],
@@ -129,7 +104,7 @@ class LocalBackend(ModelBackend):
             stop=call.stop,
             json_output=call.json_output,
             deadline=deadline,
-            priority=_PRIORITY_RANK[call.priority],
+            priority=PRIORITIES[call.priority],
             request_id=f"{call.run_id}:{call.step_id}",
         )
         try:

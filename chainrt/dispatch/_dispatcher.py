@@ -20,9 +20,9 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from .._errors import DispatchError
+from ..errors import BackendError, DispatchFailed, NoEndpoint
 from ..store._records import AttemptRecord
-from ._backend import BackendAnswer, BackendError, ModelBackend
+from ._backend import BackendAnswer, ModelBackend
 from ._latency import LatencyTracker, too_slow
 from ._policy import (
     MIN_ATTEMPT_S,
@@ -40,14 +40,6 @@ __all__ = ["MIN_ATTEMPT_S", "DispatchFailed", "Dispatcher"]
 
 _GUARD_SLACK_S = 0.05
 """Backends stop themselves at the attempt's end; this guard cancels one that does not."""
-
-
-class DispatchFailed(DispatchError):
-    """Every model (and the static answer, if any) failed; ``attempts`` says what was tried."""
-
-    def __init__(self, message: str, attempts: list[AttemptRecord]) -> None:
-        super().__init__(message, retryable=False)
-        self.attempts = attempts
 
 
 class Dispatcher:
@@ -74,9 +66,13 @@ class Dispatcher:
         return self._backends.get(model)
 
     async def complete(self, call: LlmCall, deadline: float) -> LlmAnswer:
-        """Answer ``call`` before ``deadline`` (unix seconds) or raise DispatchFailed."""
+        """Answer ``call`` before ``deadline`` (unix seconds) or raise DispatchFailed.
+
+        NoEndpoint (a DispatchFailed) when no model of the call had an endpoint to try at all.
+        """
         attempts: list[AttemptRecord] = []
         order = [call.model, *call.fallbacks]
+        tried = False
         for index, model in enumerate(order):
             backend = self._backends.get(model)
             if backend is None:
@@ -85,6 +81,7 @@ class Dispatcher:
             if not backend.available():
                 _skip(attempts, model, backend.why_unavailable())
                 continue
+            tried = True
             answer = await _ModelTry(
                 self, call, model, backend, order[index + 1 :], deadline, attempts
             ).run()
@@ -107,8 +104,12 @@ class Dispatcher:
                 finish_reason="static",
                 attempts=attempts,
             )
-        tried = "; ".join(f"{a.model}: {a.status} ({a.detail})" for a in attempts) or "nothing"
-        raise DispatchFailed(f"no model answered step {call.step_id!r}: {tried}", attempts)
+        summary = "; ".join(f"{a.model}: {a.status} ({a.detail})" for a in attempts) or "nothing"
+        if not tried:
+            raise NoEndpoint(
+                f"no model of step {call.step_id!r} has an endpoint to try: {summary}", attempts
+            )
+        raise DispatchFailed(f"no model answered step {call.step_id!r}: {summary}", attempts)
 
     def next_candidates(self, names: list[str], call: LlmCall) -> list[NextCandidate]:
         """The fallbacks still to come (and the static answer), as the reserve sees them."""

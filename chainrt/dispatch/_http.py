@@ -4,14 +4,16 @@ One :class:`HttpBackend` per pool model. Each attempt picks an endpoint (:mod:`.
 states in :mod:`._endpoints`), passes its breakers, and POSTs ``/v1/chat/completions`` through
 the pool's one shared client with:
 
-* ``X-Chainrt-Deadline`` — the attempt's end in unix ms (a chainrt worker stops generating then);
-* ``X-Priority`` — the step's priority; ``traceparent`` — the ``llm.dispatch`` span's context;
+* the headers of :mod:`chainrt.wire`: ``X-Chainrt-Deadline`` — the attempt's end in unix ms (a
+  chainrt worker stops generating then); ``X-Priority`` — the step's priority; ``traceparent`` —
+  the ``llm.dispatch`` span's context;
 * a client timeout equal to the time left, so a server that accepts and never answers costs this
   attempt and nothing more.
 
 Every failure becomes a :class:`BackendError` whose ``error_class`` is one of the breaker
 classes — ``connect`` (refused, dropped), ``timeout``, ``5xx``, ``oom`` (503), ``overloaded``
-(429, with the worker's ``max_tokens`` advice) — or ``bad_request`` (4xx: the request itself is
+(429; a worker's ``insufficient_memory`` refusal is an :class:`~chainrt.errors.InsufficientMemory`
+with its ``max_tokens`` advice) — or ``bad_request`` (4xx: the request itself is
 wrong, retrying cannot help) or ``unavailable`` (no endpoint may be tried now).
 """
 
@@ -28,7 +30,9 @@ from typing import Any
 
 import httpx
 
-from ._backend import BackendAnswer, BackendError, ModelBackend
+from ..errors import BackendError, InsufficientMemory
+from ..wire import INSUFFICIENT_MEMORY, breaker_class, parse_error_body, request_headers
+from ._backend import BackendAnswer, ModelBackend
 from ._breaker import BreakerPolicy
 from ._choice import choose
 from ._client import ClientPool
@@ -186,16 +190,14 @@ class HttpBackend(ModelBackend):
         left = deadline - time.time()
         if left <= 0:
             raise BackendError("no time left for the request", error_class="timeout", endpoint=url)
-        headers = {
-            "Content-Type": "application/json",
-            "X-Chainrt-Deadline": str(math.floor(deadline * 1000)),
-            "X-Priority": call.priority,
-        }
-        # Set by tracing inside the attempt's llm.dispatch span: the worker's span is its child.
-        if call.traceparent:
-            headers["traceparent"] = call.traceparent
-        if call.run_id:
-            headers["X-Request-Id"] = f"{call.run_id}:{call.step_id}"
+        # call.traceparent is set by tracing inside the attempt's llm.dispatch span: the
+        # worker's span is its child.
+        headers = request_headers(
+            deadline_s=deadline,
+            priority=call.priority,
+            traceparent=call.traceparent,
+            request_id=f"{call.run_id}:{call.step_id}" if call.run_id else None,
+        )
         timeout = httpx.Timeout(left, connect=min(left, self.resources.connect_timeout_s))
         client = self.resources.clients.get()
         try:
@@ -287,54 +289,38 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
 
 
-def _error_fields(body: bytes) -> tuple[str | None, str, dict[str, Any]]:
-    """(type, message, advice) from an OpenAI-style (or vLLM-style) error body."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None, " ".join(body[:_DETAIL_CHARS].decode("utf-8", "replace").split()), {}
-    error = data.get("error") if isinstance(data, dict) else None
-    if not isinstance(error, dict):
-        error = data if isinstance(data, dict) else {}
-    kind = error.get("type")
-    message = error.get("message")
-    advice = error.get("advice")
-    return (
-        kind if isinstance(kind, str) else None,
-        " ".join(str(message).split())[:_DETAIL_CHARS] if message is not None else "",
-        advice if isinstance(advice, dict) else {},
-    )
-
-
-def _positive_number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
-
-
 def error_from_response(
     status: int, headers: Mapping[str, str], body: bytes, url: str
 ) -> BackendError:
-    """The :class:`BackendError` a non-200 answer means (pure: no I/O)."""
-    kind, message, advice = _error_fields(body)
-    what = f"HTTP {status}" + (f" {kind}" if kind else "") + (f": {message}" if message else "")
+    """The :class:`BackendError` a non-200 answer means (pure: no I/O).
+
+    The error class follows the status (:func:`chainrt.wire.breaker_class`); a worker's
+    ``insufficient_memory`` refusal is an :class:`~chainrt.errors.InsufficientMemory` carrying
+    its advice.
+    """
+    error = parse_error_body(body)
+    what = (
+        f"HTTP {status}"
+        + (f" {error.kind}" if error.kind else "")
+        + (f": {error.message}" if error.message else "")
+    )
     retry_after = parse_retry_after(headers.get("retry-after"))
+    error_class = breaker_class(status)
     if status == 429:
-        advised_wait = _positive_number(advice.get("retry_after_s"))
-        tokens = advice.get("max_tokens")
+        wait = error.advice_retry_after_s if error.advice_retry_after_s is not None else retry_after
+        if error.kind == INSUFFICIENT_MEMORY:
+            return InsufficientMemory(
+                what, advice_max_tokens=error.advice_max_tokens, retry_after_s=wait, endpoint=url
+            )
         return BackendError(
             what,
-            error_class="overloaded",
-            retry_after_s=advised_wait if advised_wait is not None else retry_after,
+            error_class=error_class,
+            retry_after_s=wait,
             endpoint=url,
-            advice_max_tokens=tokens
-            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
-            else None,
+            advice_max_tokens=error.advice_max_tokens,
         )
-    if status == 503:
-        return BackendError(what, error_class="oom", retry_after_s=retry_after, endpoint=url)
-    if status in (408, 504):  # the deadline passed on the server's side (queued too long)
-        return BackendError(what, error_class="timeout", endpoint=url)
-    if 400 <= status < 500:
-        return BackendError(what, error_class="bad_request", retryable=False, endpoint=url)
-    return BackendError(what, error_class="5xx", retry_after_s=retry_after, endpoint=url)
+    if error_class == "bad_request":
+        return BackendError(what, error_class=error_class, retryable=False, endpoint=url)
+    if error_class == "timeout":
+        return BackendError(what, error_class=error_class, endpoint=url)
+    return BackendError(what, error_class=error_class, retry_after_s=retry_after, endpoint=url)

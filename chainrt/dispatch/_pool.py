@@ -23,9 +23,10 @@ import os
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from .._errors import SpecError
+from .._strict import Strict as _Strict
 from ..spec._models import DurationMs
 from ..spec._template import format_path
 from ..spec._yaml import YamlDocument, parse_yaml, read_yaml
@@ -46,10 +47,6 @@ __all__ = [
 
 _RESERVED_MODELS = frozenset({"static"})
 """Names the attempt log uses for itself (the static answer)."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class EndpointConfig(_Strict):

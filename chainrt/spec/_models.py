@@ -12,7 +12,6 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -24,6 +23,7 @@ from pydantic import (
 
 from .._durations import parse_duration_ms
 from .._errors import BudgetError
+from .._strict import Strict as _Strict
 
 __all__ = [
     "INPUT_TYPES",
@@ -84,10 +84,6 @@ INPUT_TYPES: dict[str, tuple[type, ...]] = {
 _NAME = re.compile(r"^[a-z0-9_-]+$")
 _STEP_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(ms|s|m|h)\s*$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ConcurrencyKeySpec(_Strict):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ChainRTError
 from .._hooks import NO_HOOKS, Hooks
 from .._settings import Settings, get_settings
+from . import _attributes as attributes
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -40,6 +41,7 @@ __all__ = [
     "WORKER_SERVICE_NAME",
     "OtelHooks",
     "TraceConfig",
+    "attributes",
     "hooks_from_env",
     "in_memory_hooks",
     "tracer_provider_from_env",

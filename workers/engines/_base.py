@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from chainrt._errors import WorkerError
+from chainrt.errors import ContextLengthExceeded
 
 __all__ = [
     "ChatMessage",
@@ -90,18 +90,6 @@ class MemoryStats:
     free_bytes: int
     kv_bytes_per_token: int
     extra: dict[str, float] = field(default_factory=dict)
-
-
-class ContextLengthExceeded(WorkerError):
-    """A prompt (plus at least one generated token) can never fit the engine's context window.
-
-    Not retryable: the same request fails the same way; the caller must shorten the prompt.
-    """
-
-    def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int) -> None:
-        super().__init__(message, retryable=False)
-        self.prompt_tokens = prompt_tokens
-        self.context_tokens = context_tokens
 
 
 class EngineFaults:

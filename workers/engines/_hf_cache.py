@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from chainrt._errors import WorkerError
+from chainrt.errors import WorkerError
 
 __all__ = [
     "DEFAULT_MODEL_DIRNAME",

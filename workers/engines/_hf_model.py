@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chainrt._errors import WorkerError
+from chainrt.errors import WorkerError
 
 from ._base import ContextLengthExceeded, GenerationRequest
 from ._hf_cache import ensure_hf_model, force_offline

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 
-from chainrt._errors import EngineDead, EngineOOM, WorkerError
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import Engine, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
 from ._bridge import EngineJob, stream_job

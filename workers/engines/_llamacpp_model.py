@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chainrt._errors import EngineDead, EngineOOM, WorkerError
-from chainrt._settings import get_settings
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import (
     ContextLengthExceeded,
@@ -29,6 +28,8 @@ from ._textstream import TextAssembler
 
 if TYPE_CHECKING:
     import llama_cpp
+
+    from chainrt import Settings
 
 __all__ = ["LlamaModel", "default_threads", "resolve_model_path"]
 
@@ -45,12 +46,19 @@ _OOM_CODES = ("llama_decode returned 1", "llama_decode returned -2")
 """``llama_decode``: 1 = no free KV-cache slot, -2 = compute buffers could not be allocated."""
 
 
+def _settings() -> Settings:
+    # Imported on use, so importing the engines loads no pydantic-settings.
+    from chainrt import Settings
+
+    return Settings()
+
+
 def resolve_model_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The GGUF file to load: ``explicit``, else ``CHAINRT_LOCAL_MODEL_PATH``, else the shipped one.
 
     Raises WorkerError naming what is missing and how to get it.
     """
-    chosen = explicit if explicit is not None else get_settings().local_model_path
+    chosen = explicit if explicit is not None else _settings().local_model_path
     if chosen:
         path = Path(chosen).expanduser()
         if not path.is_file():
@@ -108,7 +116,7 @@ class LlamaModel:
                 "llama-cpp-python is not installed, so the local model cannot run; "
                 "run scripts/setup (or pip install 'chainrt[local]')"
             ) from exc
-        threads = n_threads or get_settings().local_threads or default_threads()
+        threads = n_threads or _settings().local_threads or default_threads()
         try:
             llm = llama_cpp.Llama(
                 model_path=str(path),

@@ -20,7 +20,7 @@ carries no reference to the torch error. :meth:`TorchEngine.recover` empties the
 proves the engine can generate with a one-token generation (H200: ready again ~0.09 s after the
 OOM, p50; ``bench/gpu_oom.py``).
 
-Only the standard library, ``chainrt._errors`` and this package's private modules are imported at
+Only the standard library, ``chainrt.errors`` and this package's private modules are imported at
 import time; torch and transformers load in :meth:`start`. This keeps the module usable on a GPU
 host that has torch + transformers and nothing else.
 """
@@ -39,7 +39,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-from chainrt._errors import EngineDead, EngineOOM, WorkerError
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import (
     Engine,

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from chainrt._errors import EngineDead, EngineOOM, WorkerError
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import (
     Engine,

@@ -22,6 +22,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from chainrt.wire import PRIORITIES
 from workers.engines import MemoryStats
 
 __all__ = [
@@ -36,9 +37,6 @@ __all__ = [
     "capacity_tokens",
     "decide",
 ]
-
-PRIORITIES: dict[str, int] = {"critical": 0, "high": 1, "normal": 2, "low": 3}
-"""``X-Priority`` values and their rank (lower is served first); also GenerationRequest.priority."""
 
 
 @dataclass(frozen=True, slots=True)

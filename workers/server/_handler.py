@@ -16,7 +16,8 @@ from typing import Any, Literal, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chainrt._errors import EngineDead, EngineOOM, WorkerError
+from chainrt import wire
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 from workers.engines import (
     ContextLengthExceeded,
     Engine,
@@ -25,7 +26,6 @@ from workers.engines import (
 )
 
 from ._admission import (
-    PRIORITIES,
     AdmissionQueue,
     Admit,
     NeverFits,
@@ -224,7 +224,7 @@ class GenerationHandler:
             stop=parsed.stops(),
             json_output=isinstance(parsed, ChatCompletionRequest) and parsed.json_output,
             deadline=deadline,
-            priority=PRIORITIES[priority],
+            priority=wire.PRIORITIES[priority],
             request_id=ctx.request_id,
             seed=parsed.seed,
         )
@@ -259,7 +259,7 @@ class GenerationHandler:
     async def _acquire(self, request: Request, priority: str, deadline: float | None) -> Slot:
         timeout = None if deadline is None else max(0.0, deadline - time.time())
         try:
-            wait = self.queue.acquire(PRIORITIES[priority], timeout)
+            wait = self.queue.acquire(wire.PRIORITIES[priority], timeout)
             if self.queue.in_use < self.queue.slots:
                 return await wait  # a slot is free: no need to watch the client
             self.metrics.queue_depth.set(self.queue.depth + 1)
@@ -301,19 +301,14 @@ class GenerationHandler:
                 param="max_tokens",
                 extra=advice,
             )
-        body = {
-            "error": {
-                "type": "insufficient_memory",
-                "message": decision.message,
-                "advice": {
-                    "max_tokens": decision.advice_max_tokens,
-                    "retry_after_s": decision.retry_after_s,
-                },
-            }
-        }
+        body = wire.insufficient_memory_body(
+            decision.message,
+            max_tokens=decision.advice_max_tokens,
+            retry_after_s=decision.retry_after_s,
+        )
         raise self._reject(
             429,
-            "insufficient_memory",
+            wire.INSUFFICIENT_MEMORY,
             decision.message,
             headers=retry_after(decision.retry_after_s),
             body=body,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chainrt._errors import EngineDead, EngineOOM
+from chainrt.errors import EngineDead, EngineOOM
 from workers.engines import ChatMessage, Engine, GenerationRequest
 
 from ._metrics import WorkerMetrics

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -14,7 +13,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ._admission import PRIORITIES
+from chainrt import wire
+
 from ._openai import error_body
 
 __all__ = [
@@ -113,40 +113,17 @@ def parse_deadline(value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        millis = float(value)
-    except ValueError:
-        millis = math.nan
-    if not math.isfinite(millis) or millis <= 0:
-        raise HttpError(
-            400,
-            "invalid_request_error",
-            f"X-Chainrt-Deadline must be a unix time in milliseconds, got {value[:40]!r}",
-            param="X-Chainrt-Deadline",
-        )
-    if millis < 1e11:  # before 1973 in ms: almost surely seconds sent by mistake
-        raise HttpError(
-            400,
-            "invalid_request_error",
-            f"X-Chainrt-Deadline={value[:40]} looks like seconds; send unix milliseconds "
-            f"(now is about {int(time.time() * 1000)})",
-            param="X-Chainrt-Deadline",
-        )
-    return millis / 1000.0
+        return wire.decode_deadline(value)
+    except ValueError as exc:
+        raise HttpError(400, wire.INVALID_REQUEST, str(exc), param=wire.DEADLINE_HEADER) from None
 
 
-def parse_priority(value: str | None) -> str:
+def parse_priority(value: str | None) -> wire.Priority:
     """``X-Priority`` (critical|high|normal|low, default normal); 400 when unknown."""
-    if value is None:
-        return "normal"
-    name = value.strip().lower()
-    if name not in PRIORITIES:
-        raise HttpError(
-            400,
-            "invalid_request_error",
-            f"X-Priority must be one of critical, high, normal, low; got {value[:40]!r}",
-            param="X-Priority",
-        )
-    return name
+    try:
+        return wire.parse_priority(value)
+    except ValueError as exc:
+        raise HttpError(400, wire.INVALID_REQUEST, str(exc), param=wire.PRIORITY_HEADER) from None
 
 
 async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:

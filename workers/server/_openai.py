@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from chainrt.wire import error_body
 from workers.engines import ChatMessage, FinishReason, GenerationResult
 
 __all__ = [
@@ -267,13 +268,6 @@ def completion_chunk(
     else:
         chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
     return chunk
-
-
-def error_body(
-    kind: str, message: str, *, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """OpenAI's error shape: ``{"error": {"type", "message", "param", "code"}}``."""
-    return {"error": {"type": kind, "message": message, "param": param, "code": code}}
 
 
 class InvalidBody(ValueError):

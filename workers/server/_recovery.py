@@ -15,7 +15,7 @@ import logging
 import math
 import time
 
-from chainrt._errors import EngineDead, EngineOOM
+from chainrt.errors import EngineDead, EngineOOM
 from workers.engines import Engine
 
 from ._health import HealthMonitor

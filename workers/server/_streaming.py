@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
-from chainrt._errors import EngineDead, EngineOOM, WorkerError
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 from workers.engines import GenerationRequest, GenerationResult, StreamDelta
 
 from ._admission import Slot

@@ -21,9 +21,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from chainrt._errors import ChainRTError, WorkerError
+from chainrt import wire
+from chainrt.errors import ChainRTError, WorkerError
 from chainrt.tracing import WORKER_SERVICE_NAME, tracer_provider_from_env
-from chainrt.tracing import _attributes as attr
+from chainrt.tracing import attributes as attr
 
 from ._context import NullObserver, RequestContext, RequestObserver
 
@@ -35,7 +36,13 @@ __all__ = ["TracingObserver", "observer_from_env"]
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _OPERATIONS = {"chat": "chat", "completions": "text_completion"}
 _REFUSALS = frozenset(
-    {"insufficient_memory", "queue_full", "context_length_exceeded", "not_ready", "deadline"}
+    {
+        wire.INSUFFICIENT_MEMORY,
+        wire.QUEUE_FULL,
+        wire.CONTEXT_LENGTH_EXCEEDED,
+        wire.NOT_READY,
+        wire.DEADLINE,
+    }
 )
 """Error kinds that mean admission said no (when the handler did not say so itself)."""
 _STATE_KEY = "otel_span"
