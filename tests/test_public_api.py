@@ -235,7 +235,9 @@ def test_import_chainrt_errors_and_wire_need_only_the_standard_library(
 
 def test_help_imports_nothing_of_the_runtime(clean_env: dict[str, str]) -> None:
     loaded = _loaded(_CLI, "--help", env=clean_env)
-    assert _heavy(loaded, ("pydantic", "pydantic_settings", "yaml", "chainrt.store")) == []
+    assert (
+        _heavy(loaded, ("pydantic", "pydantic_settings", "yaml", "asyncio", "chainrt.store")) == []
+    )
 
 
 def test_validate_loads_the_spec_but_no_runtime(clean_env: dict[str, str]) -> None:

@@ -12,7 +12,6 @@ so ``--help`` loads none of it and ``validate`` and ``runs`` load no HTTP client
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Sequence
@@ -260,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             return _validate(args)
         handler = {"run": _run, "resume": _resume, "runs": _runs, "inspect": _inspect}[args.command]
+        import asyncio  # here, not at the top: --help, validate and schema never need it
+
         code: int = asyncio.run(handler(args))
         return code
     except _UsageError as exc:
