@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..store._records import AttemptRecord
+from ..wire import Priority
 
 __all__ = ["LlmAnswer", "LlmCall", "Priority"]
-
-Priority = Literal["critical", "high", "normal", "low"]
 
 
 @dataclass(slots=True)
