@@ -1,4 +1,13 @@
-"""Live progress of a run, for people (the CLI prints it); silent by default."""
+"""The runner's event sink: live progress of runs, silent by default.
+
+The CLI prints it (``LivePrinter``) and the LangChain bridge turns it into ``astream_events``. A
+runner has one for every run, and a run may bring its own (``Runner.run(..., progress=...)``):
+that is where one run's event stream (DESIGN §13) attaches. Calls for one run come in order from
+the run's own task: ``run_started``, then per step ``step_started`` and ``step_finished`` (a step
+the budget skipped has only ``step_finished``, written), then ``run_finished`` — unless the run
+ends by an exception (cancelled, fenced out, store down), which its caller sees instead.
+Spans are not made here but by tracing's interceptors (:mod:`chainrt.tracing._intercept`).
+"""
 
 from __future__ import annotations
 
