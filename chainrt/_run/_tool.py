@@ -230,6 +230,15 @@ async def run_tool(
         max_backoff_ms=max_backoff_ms,
         attempt_timeout_ms=attempt_timeout_ms,
     )
+    # The first attempt runs on its own: tenacity's machinery costs tens of µs per call, more
+    # than a whole no-op tool step, and most first attempts succeed. A first failure is replayed
+    # as tenacity's first attempt, so that every wait and every stop is tenacity's.
+    try:
+        return await tries.attempt()
+    except _OutOfTime:
+        return tries.gave_up()
+    except _Failed as failure:
+        replay: _Failed | None = failure
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(_Failed),
         wait=tries.wait,
@@ -240,6 +249,9 @@ async def run_tool(
     try:
         async for attempt in retrying:
             with attempt:
+                if replay is not None:
+                    first, replay = replay, None
+                    raise first
                 return await tries.attempt()
     except (_Failed, _OutOfTime):
         return tries.gave_up()
