@@ -207,7 +207,7 @@ async def test_heartbeat_keeps_a_running_run_from_being_taken_over(
 ) -> None:
     # A lease of 1.5 s renewed every 0.5 s; the run takes 4.5 s, three lease lengths. A runner
     # on another host (so that only the lease, not a pid check, can stand in its way) tries
-    # resume(wait=False) once the first lease would have expired, every lease length after:
+    # resume(wait=False) once the first lease would have expired, then every half lease:
     # each try must be refused while the owner still runs. Without renewal, the first try
     # takes the run over. 1.5 s rather than a shorter lease: a loaded 2-core machine may stall
     # the loop for a good part of a second, and a renewed lease must survive a 1 s stall.
@@ -233,7 +233,7 @@ async def test_heartbeat_keeps_a_running_run_from_being_taken_over(
             with pytest.raises(RunLocked, match="lease valid"):
                 await other.resume("beat-1", wait=False)
             refused.append(time.time() - created)
-            await asyncio.sleep(ttl_s)
+            await asyncio.sleep(ttl_s / 2)
         result = await running
     finally:
         await owner_store.close()
