@@ -431,6 +431,33 @@ async def test_timeouts_open_the_breaker_and_later_steps_skip_at_once(stubs: lis
     assert "circuit open (timeout)" in (skipped.detail or "")
 
 
+async def test_an_attempt_cut_by_the_guard_counts_as_a_timeout_for_the_breaker(
+    stubs: list[Stub],
+) -> None:
+    # A loaded machine can stall the event loop past an attempt's end and the guard's slack:
+    # then the guard cancels the attempt before its own timeout can answer. It must still count
+    # as the timeout it was, or the breaker never opens on a slow machine.
+    stub = await serve(stubs, lambda n, h, b: None)
+    extra = "breakers:\n  timeout: {window: 4, min_requests: 2, cooldown: 30s}\n"
+    dispatcher = dispatcher_for(stub.url, extra=extra)
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(2):
+            deadline = time.time() + 0.3
+            # Block the loop from 0.2 s to 0.6 s: across the end (0.3 s) and the guard (0.35 s).
+            loop.call_later(0.2, time.sleep, 0.4)
+            with pytest.raises(DispatchFailed) as caught:
+                await dispatcher.complete(call(), deadline)
+            assert [a.status for a in caught.value.attempts] == ["timeout"]
+        with pytest.raises(DispatchFailed) as caught:
+            await dispatcher.complete(call(), time.time() + 5)
+    finally:
+        await dispatcher.close()
+    skipped = caught.value.attempts[0]
+    assert skipped.status == "skipped"
+    assert "circuit open (timeout)" in (skipped.detail or "")
+
+
 # ------------------------------------------------------------------ pure mapping
 
 

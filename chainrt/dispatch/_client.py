@@ -3,25 +3,39 @@
 TCP endpoints share one connection pool; Unix-socket endpoints (``unix:///run/w1.sock``) are
 reached through the same client: each socket path gets a stable made-up host name, and a routing
 transport sends requests for that host through an ``AsyncHTTPTransport(uds=path)``. Connections
-belong to the event loop that opened them, so the client is created lazily inside the running
-loop (and replaced if the dispatcher is later used from another loop).
+belong to the event loop that opened them, so the client is created inside the running loop (and
+replaced if the dispatcher is later used from another loop).
+
+Building a client used to cost 25–100 ms, nearly all of it loading the CA bundle into a fresh SSL
+context; paid by the first request to an endpoint, inside that request's deadline, it cut short
+attempts of a few hundred ms. The SSL context is therefore built once per process
+(:func:`ssl_context`, at dispatcher set-up) and every client and transport shares it, and
+:meth:`ClientPool.get` is called again by ``prepare`` before a run's budget clock starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import ssl
 from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["ClientPool", "base_url"]
+__all__ = ["ClientPool", "base_url", "ssl_context"]
 
 _UDS_DOMAIN = ".uds.chainrt.invalid"
 """``.invalid`` can never resolve (RFC 2606): a made-up host can never reach a real server."""
 
 _LIMITS = httpx.Limits(max_connections=2000, max_keepalive_connections=500, keepalive_expiry=30)
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """The process's one verifying SSL context (loading the CA bundle is the slow part)."""
+    return httpx.create_ssl_context()
 
 
 def base_url(url: str) -> str:
@@ -41,7 +55,7 @@ class _Router(httpx.AsyncBaseTransport):
 
     def __init__(self, sockets: dict[str, str]) -> None:
         self._sockets = sockets  # made-up host -> socket path (shared, grows as pools register)
-        self._tcp = httpx.AsyncHTTPTransport(limits=_LIMITS)
+        self._tcp = httpx.AsyncHTTPTransport(verify=ssl_context(), limits=_LIMITS)
         self._uds: dict[str, httpx.AsyncHTTPTransport] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -54,7 +68,9 @@ class _Router(httpx.AsyncBaseTransport):
                 )
             transport = self._uds.get(path)
             if transport is None:
-                transport = self._uds[path] = httpx.AsyncHTTPTransport(uds=path, limits=_LIMITS)
+                transport = self._uds[path] = httpx.AsyncHTTPTransport(
+                    uds=path, verify=ssl_context(), limits=_LIMITS
+                )
             return await transport.handle_async_request(request)
         return await self._tcp.handle_async_request(request)
 
@@ -86,7 +102,10 @@ class ClientPool:
             # A client left behind by another (finished) loop cannot be closed from this one;
             # its connections died with that loop.
             self._client = httpx.AsyncClient(
-                transport=_Router(self._sockets), timeout=60.0, follow_redirects=False
+                transport=_Router(self._sockets),
+                verify=ssl_context(),
+                timeout=60.0,
+                follow_redirects=False,
             )
             self._loop = loop
         return self._client

@@ -10,6 +10,11 @@ the pool's one shared client with:
 * a client timeout equal to the time left, so a server that accepts and never answers costs this
   attempt and nothing more.
 
+The time left is measured only once the client is in hand (the client itself is built before a
+run's budget clock, see :mod:`._client`). An attempt that is cancelled after its end — the
+dispatcher's guard cutting one that overran — is recorded against the endpoint as the
+``timeout`` it was; one cancelled before its end (the step was cancelled) gets no verdict.
+
 Every failure becomes a :class:`BackendError` whose ``error_class`` is one of the breaker
 classes — ``connect`` (refused, dropped), ``timeout``, ``5xx``, ``oom`` (503), ``overloaded``
 (429; a worker's ``insufficient_memory`` refusal is an :class:`~chainrt.errors.InsufficientMemory`
@@ -35,7 +40,7 @@ from ..wire import INSUFFICIENT_MEMORY, breaker_class, parse_error_body, request
 from ._backend import BackendAnswer, ModelBackend
 from ._breaker import BreakerPolicy
 from ._choice import choose
-from ._client import ClientPool
+from ._client import ClientPool, ssl_context
 from ._endpoints import EndpointTable, Ticket
 from ._health import HealthPoller
 from ._types import LlmCall
@@ -58,6 +63,7 @@ class PoolResources:
         health_timeout_s: float = 0.5,
         connect_timeout_s: float = 1.0,
     ) -> None:
+        ssl_context()  # built here, at set-up, so that no request's deadline pays for it
         self.clients = ClientPool()
         self.table = EndpointTable(policies, unready_on_connect_error=health_interval_s is not None)
         self.health = (
@@ -78,6 +84,7 @@ class PoolResources:
 
     def start(self) -> None:
         """Start health polling in the running loop (idempotent, cheap)."""
+        self.clients.get()
         if self.health is not None:
             self.health.ensure_running()
 
@@ -163,8 +170,17 @@ class HttpBackend(ModelBackend):
             finished = True
             return answer
         finally:
-            if not finished:  # cancelled (or a bug): no verdict on the endpoint
-                table.abandon(ticket)
+            if not finished:
+                if time.time() >= deadline:
+                    # Cut after its end (the dispatcher's guard): the endpoint did not answer
+                    # in time, which is what the timeout breaker counts.
+                    table.finish(ticket, error_class="timeout", now=time.monotonic())
+                else:  # cancelled with time left (the step was cancelled): no verdict
+                    table.abandon(ticket)
+
+    async def prepare(self) -> None:
+        """Build the shared client and start health polling before a run's budget clock."""
+        self.resources.start()
 
     async def close(self) -> None:
         """Stop the pool's health polling and close its client (shared: the first close does it)."""
@@ -187,6 +203,7 @@ class HttpBackend(ModelBackend):
     async def _post(
         self, call: LlmCall, url: str, max_tokens: int, deadline: float
     ) -> BackendAnswer:
+        client = self.resources.clients.get()
         left = deadline - time.time()
         if left <= 0:
             raise BackendError("no time left for the request", error_class="timeout", endpoint=url)
@@ -199,7 +216,6 @@ class HttpBackend(ModelBackend):
             request_id=f"{call.run_id}:{call.step_id}" if call.run_id else None,
         )
         timeout = httpx.Timeout(left, connect=min(left, self.resources.connect_timeout_s))
-        client = self.resources.clients.get()
         try:
             # httpx times connect, write and read apart; this bounds the whole exchange, so the
             # attempt ends at its deadline with a verdict on the endpoint.
