@@ -7,7 +7,8 @@ Each run is the 60-step drill chain (tests/data/drill/chain.yaml) on the store; 
 process is killed after a random delay, resumed by a new process (killed too, at times) until
 the run completes; then the run is verified (see chainrt.testing.drill). Prints the counts: runs,
 kills, resumes, completed, wrong outputs, steps re-run after their record was written, the most
-runs of one step, and every problem found. Without --store it starts a private redis-server.
+runs of one step, and every problem found. Without --store it starts a private redis-server
+(AOF with fsync every second, as docker-compose runs it; ``--no-persistence`` turns that off).
 Exit status 1 if any run broke an invariant.
 """
 
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _redis import add_persistence_flag
 
 from chainrt.store import redact_url
 from chainrt.testing.drill import Drill, DrillOptions, DrillStats
@@ -87,13 +90,15 @@ def main() -> int:
     parser.add_argument("--max-kills", type=int, default=6)
     parser.add_argument("--resume-kill-chance", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    add_persistence_flag(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="chainrt-chaos-") as tmp:
         if args.store is None:
-            from chainrt.testing.redis_server import RedisServer
+            from _redis import persistence_label, private_server
 
-            with RedisServer() as server:
+            print(f"private redis-server, {persistence_label(args)}", flush=True)
+            with private_server(args) as server:
                 stats = _drill(server.url, args, Path(tmp))
                 store = server.url
         else:

@@ -2,17 +2,19 @@
 
 Usage::
 
-    python bench/concurrency.py [--redis redis://host:port/db] [--seconds 2]
+    python bench/concurrency.py [--redis redis://host:port/db] [--seconds 2] [--no-persistence]
 
-Without ``--redis`` a private redis-server is started (chainrt.testing.redis_server). For 1 key
+Without ``--redis`` a private redis-server is started (AOF with fsync every second, as
+docker-compose runs it; ``--no-persistence`` turns that off). For 1 key
 and for 100 keys, at 1, 8 and 64 concurrent tasks of one process, it prints the pairs/s of the
 Redis limiter (uncontended: limit far above the task count, so every acquire takes the one-call
 fast path), the same for the in-process limiter, one contended line (1 key, limit 1: hand-over
 from holder to waiter), and a raw ``EVALSHA`` of a one-line script measured in the same run, plus
 the limiter's two scripts called bare (what separates script cost from limiter code).
 ``x raw`` is (raw round trips/s) / (pairs/s): 2.0 means a pair costs exactly two round trips.
-The machine running it is often shared: every case runs several interleaved rounds and the best
-round is shown.
+The machine running it is often shared: every case runs ``--rounds`` interleaved rounds and the
+best round is shown (best-of-N, said in the output): it estimates what the code can do, not what
+a busy machine gives.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import redis.asyncio as aredis
+from _redis import add_persistence_flag, persistence_label, private_server
 
 from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, RedisLimiter
 from chainrt.concurrency._keys import DEFAULT_PREFIX
 from chainrt.concurrency._redis import _SHA, _Call
-from chainrt.testing.redis_server import RedisServer
 
 TASKS = (1, 8, 64)
 RAW = "raw EVALSHA round trip ('return 1')"
@@ -73,11 +75,13 @@ def _row(case: str, tasks: int, rate: float, raw: float | None = None) -> None:
 
 
 @contextlib.contextmanager
-def _server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
+def _server(args: argparse.Namespace) -> Iterator[str]:
+    if args.redis:
+        print(f"redis at {args.redis} (persistence as that server is configured)")
+        yield args.redis
         return
-    with RedisServer() as server:
+    print(f"private redis-server, {persistence_label(args)}")
+    with private_server(args) as server:
         yield server.url
 
 
@@ -142,8 +146,9 @@ def main() -> None:
     parser.add_argument("--redis", default=None, help="redis:// URL (default: a private server)")
     parser.add_argument("--seconds", type=float, default=1.0, help="measuring time per case")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per case (best is shown)")
+    add_persistence_flag(parser)
     args = parser.parse_args()
-    with _server(args.redis) as url:
+    with _server(args) as url:
         asyncio.run(bench(url, args.seconds, args.rounds))
 
 

@@ -1,25 +1,33 @@
-"""Chain success rate under injected faults, with fallbacks on and off.
+"""Chain success rate under injected faults, with fallbacks on and off; answers are checked.
 
-    .venv/bin/python bench/fallback.py [--runs 2000] [--concurrency 4] [--modes off,retry,on]
-        [--error-rate 0.05] [--spike-ms 800] [--spike-every 3] [--spike-for 1] [--budget 3s]
+    .venv/bin/python bench/fallback.py [--runs 2000] [--concurrency 4]
+        [--modes off,retry,on,on-faulty] [--error-rate 0.05] [--spike-ms 800] [--spike-every 3]
+        [--spike-for 1] [--budget 3s]
 
 Two real workers (local llama.cpp engine, SmolLM2) serve the pool model ``primary``; each fails
 ``--error-rate`` of its requests with a 500 (fault injection), and every ``--spike-every``
 seconds one of them, in turn, delays every request by ``--spike-ms`` for ``--spike-for`` seconds.
-A chain of three LLM steps (1 token each, budget ``--budget``) runs ``--runs`` times per mode,
-``--concurrency`` runs at a time, through one runner and one dispatcher per mode:
+A chain of three LLM steps (each asks for the capital of France, up to 8 tokens; budget
+``--budget``) runs ``--runs`` times per mode, ``--concurrency`` runs at a time, through one
+runner and one dispatcher per mode:
 
-* ``off``   — primary only, one try per step (a router with no retries and no fallbacks);
-* ``retry`` — two tries per step (the retry goes to the other worker), no fallback;
-* ``on``    — two tries, then the in-process ``local`` model as fallback.
+* ``off``       — primary only, one try per step (a router with no retries and no fallbacks);
+* ``retry``     — two tries per step (the retry goes to the other worker), no fallback;
+* ``on``        — two tries, then the in-process ``local`` model as fallback. That fallback is
+  a fault-free copy of the same model in this process: an upper bound, not a fleet;
+* ``on-faulty`` — two tries, then the model ``backup``, served by a third worker under the same
+  faults (the same error rate, and spikes on its own schedule of the same shape).
 
-Prints per mode: chain success rate, p50/p99 run latency, how steps were answered, and how the
-failing steps' tries ended. Goal: >= 99.9 % success with fallbacks on.
+A run counts as *answered* only when it completed and every step's answer names Paris (the
+model's answer at temperature 0, checked, not assumed); *completed* runs whose answers fail the
+check are counted apart. Prints per mode: answered and completed rates, p50/p99 run latency, how
+steps were answered, and how the failing steps' tries ended. Goal: >= 99.9 % answered with
+fallbacks on.
 
 The default concurrency is 4 because each worker runs one llama.cpp generation at a time and
-all three engines (two workers and the in-process fallback) share the machine's CPU: more runs
-at once only queue, and an overloaded CPU is a third fault the fallback cannot absorb since it
-runs on the same cores (``--concurrency 8`` shows that case).
+all engines (the workers and the in-process fallback) share the machine's CPU: more runs at once
+only queue, and an overloaded CPU is a third fault the fallback cannot absorb since it runs on
+the same cores (``--concurrency 8`` shows that case).
 """
 
 from __future__ import annotations
@@ -51,7 +59,13 @@ MODES: dict[str, dict[str, Any]] = {
     "off": {"fallbacks": [], "retry": {"attempts": 1}},
     "retry": {"fallbacks": [], "retry": {"attempts": 2, "backoff": "20ms"}},
     "on": {"fallbacks": ["local"], "retry": {"attempts": 2, "backoff": "20ms"}},
+    "on-faulty": {"fallbacks": ["backup"], "retry": {"attempts": 2, "backoff": "20ms"}},
 }
+STEPS = ("a", "b", "c")
+QUESTION = "What is the capital of France?"
+ANSWER = "paris"
+"""Every step's answer must contain this (SmolLM2 at temperature 0: "The capital of France is
+Paris.", 7 tokens)."""
 
 
 def _chain(mode: str, budget: str) -> dict[str, Any]:
@@ -61,13 +75,26 @@ def _chain(mode: str, budget: str) -> dict[str, Any]:
             "llm": {
                 "model": "primary",
                 "prompt": f"Step {step}: {{{{ input.q }}}}",
-                "max_tokens": 1,
+                "max_tokens": 8,
             },
             **MODES[mode],
         }
-        for step in ("a", "b", "c")
+        for step in STEPS
     ]
-    return {"name": f"fallback-{mode}", "budget": budget, "inputs": {"q": "str"}, "steps": steps}
+    return {
+        "name": f"fallback-{mode}",
+        "budget": budget,
+        "inputs": {"q": "str"},
+        "steps": steps,
+        "output": {step: f"{{{{ steps.{step}.output }}}}" for step in STEPS},
+    }
+
+
+def _answered(output: Any) -> bool:
+    """Every step's answer is there and right."""
+    return isinstance(output, dict) and all(
+        ANSWER in str(output.get(step, "")).lower() for step in STEPS
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -91,16 +118,23 @@ async def _spikes(
                 await asyncio.shield(worker.afaults(client, latency_ms=0))
 
 
-async def _mode(mode: str, args: argparse.Namespace, workers: list[BenchWorker], store: str) -> str:
+async def _mode(
+    mode: str,
+    args: argparse.Namespace,
+    workers: list[BenchWorker],
+    backup: BenchWorker | None,
+    store: str,
+) -> str:
     endpoints = ", ".join(f"{{url: '{w.base}'}}" for w in workers)
-    pool = parse_pool_config(
-        f"models:\n  primary:\n    served_model: smol\n    endpoints: [{endpoints}]\n"
-        "health: {interval: 500ms, timeout: 300ms}\n"
-    )
+    text = f"models:\n  primary:\n    served_model: smol\n    endpoints: [{endpoints}]\n"
+    if backup is not None:
+        text += f"  backup:\n    served_model: smol\n    endpoints: [{{url: '{backup.base}'}}]\n"
+    pool = parse_pool_config(text + "health: {interval: 500ms, timeout: 300ms}\n")
     dispatcher = make_dispatcher(pool)
     spec = spec_from_dict(_chain(mode, args.budget))
     latencies: list[float] = []
     statuses: collections.Counter[str] = collections.Counter()
+    wrong = 0  # completed, but some answer does not name Paris
     answered: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
     gate = asyncio.Semaphore(args.concurrency)
@@ -109,9 +143,10 @@ async def _mode(mode: str, args: argparse.Namespace, workers: list[BenchWorker],
         async with open_runtime(store=store, pool=dispatcher) as runtime:
 
             async def one(i: int) -> None:
+                nonlocal wrong
                 async with gate:
                     started = time.perf_counter()
-                    result = await runtime.runner.run(spec, {"q": "Say OK"}, run_id=f"{mode}-{i}")
+                    result = await runtime.runner.run(spec, {"q": QUESTION}, run_id=f"{mode}-{i}")
                     latencies.append((time.perf_counter() - started) * 1000)
                 statuses[result.status] += 1
                 for step in result.steps:
@@ -119,6 +154,11 @@ async def _mode(mode: str, args: argparse.Namespace, workers: list[BenchWorker],
                         how = "primary, retried" if step.attempts > 1 else "primary"
                         answered[step.fallback or how] += 1
                 if result.status == "completed":
+                    if _answered(result.output):
+                        return
+                    wrong += 1
+                    if len(shown) < args.show_failures:
+                        shown.append(f"  {result.run_id}: wrong answer {result.output!r:.200}")
                     return
                 steps_rec = await runtime.store.get_steps(result.run_id)
                 stopped = steps_rec.get(result.stopped_at or "")
@@ -139,25 +179,30 @@ async def _mode(mode: str, args: argparse.Namespace, workers: list[BenchWorker],
                         )
                     )
 
-            spikes = asyncio.create_task(
-                _spikes(workers, args.spike_every, args.spike_for, args.spike_ms)
-            )
+            groups = [workers] if backup is None else [workers, [backup]]
+            spikes = [
+                asyncio.create_task(_spikes(group, args.spike_every, args.spike_for, args.spike_ms))
+                for group in groups
+            ]
             began = time.perf_counter()
             try:
                 await asyncio.gather(*(one(i) for i in range(args.runs)))
             finally:
-                spikes.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await spikes
+                for task in spikes:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             wall = time.perf_counter() - began
     finally:
         await dispatcher.close()
-    ok = statuses["completed"]
+    completed = statuses["completed"]
+    ok = completed - wrong
     steps = ", ".join(f"{k} {v}" for k, v in answered.most_common())
     line = (
-        f"{mode:<6} success {ok / args.runs * 100:7.3f} % ({ok}/{args.runs})   "
+        f"{mode:<9} answered {ok / args.runs * 100:7.3f} % ({ok}/{args.runs}; "
+        f"completed {completed}, {wrong} of them with a wrong answer)   "
         f"p50 {_pct(latencies, 0.5):6.1f} ms   p99 {_pct(latencies, 0.99):7.1f} ms   "
-        f"[{wall:.0f}s]   steps answered by: {steps}"
+        f"[{wall:.0f}s]\n          steps answered by: {steps}"
     )
     if reasons:
         line += "\n       failed steps ended: " + "; ".join(
@@ -170,10 +215,17 @@ async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[st
     await get_local_engine().start()  # load the fallback model before the clock starts
     for worker in workers:
         worker.faults(error_rate=args.error_rate)
+    primaries, backup = workers[:2], (workers[2] if len(workers) > 2 else None)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
-            line = await _mode(mode, args, workers, f"sqlite:///{tmp}/{mode}.db")
+            line = await _mode(
+                mode,
+                args,
+                primaries,
+                backup if mode == "on-faulty" else None,
+                f"sqlite:///{tmp}/{mode}.db",
+            )
             print(line, flush=True)
             lines.append(line)
     return lines
@@ -185,7 +237,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--modes", default="off,retry,on")
+    parser.add_argument("--modes", default="off,retry,on,on-faulty")
     parser.add_argument("--error-rate", type=float, default=0.05)
     parser.add_argument("--spike-ms", type=float, default=800.0)
     parser.add_argument("--spike-every", type=float, default=3.0)
@@ -201,13 +253,16 @@ def main() -> None:
             f"unknown mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}"
         )
     parse_duration_ms(args.budget)
+    count = 3 if "on-faulty" in args.modes.split(",") else 2
     print(
         f"{args.runs} runs x 3 LLM steps per mode, {args.concurrency} at a time, budget {args.budget}; "
-        f"2 workers, {args.error_rate * 100:g} % injected 500s, +{args.spike_ms:g} ms spikes "
-        f"{args.spike_for:g}s of every {args.spike_every:g}s (alternating workers)",
+        f"2 primary workers{' + 1 backup worker' if count == 3 else ''}, "
+        f"{args.error_rate * 100:g} % injected 500s on each, +{args.spike_ms:g} ms spikes "
+        f"{args.spike_for:g}s of every {args.spike_every:g}s (alternating primaries; the backup "
+        "on its own schedule); a run is answered when every step names Paris",
         flush=True,
     )
-    with local_workers(2, "--enable-fault-injection", "--health-interval", "600") as workers:
+    with local_workers(count, "--enable-fault-injection", "--health-interval", "600") as workers:
         asyncio.run(_main(args, workers))
 
 

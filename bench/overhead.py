@@ -119,9 +119,10 @@ def main() -> None:
 
         hooks = in_memory_hooks()
     if args.store == "redis":
-        from chainrt.testing.redis_server import RedisServer
+        from _redis import persistence_label, private_server
 
-        with RedisServer() as server:
+        print(f"private redis-server, {persistence_label(args)}")
+        with private_server(args) as server:
             asyncio.run(_bench(server.url, args.steps, args.runs, hooks))
         return
     with tempfile.TemporaryDirectory() as tmp:

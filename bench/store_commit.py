@@ -3,11 +3,14 @@
     python bench/store_commit.py --store redis://127.0.0.1:6390/0 [--n 5000]
     python bench/store_commit.py --store sqlite:////tmp/bench.db
     python bench/store_commit.py            # both: a private redis-server and a temp SQLite file
+    python bench/store_commit.py --no-persistence   # ... that Redis without its append-only file
 
 Prints p50/p99 per commit from one task, commits/s from one task and from ``--tasks``
 concurrent tasks (each committing to its own run), and, for Redis, a raw round trip (PING and a
 trivial EVALSHA) measured on the same server in the same run, so the store's own cost shows.
-Warning: it writes runs named ``bench-*`` into the store (they expire with the store's TTL).
+The private redis-server persists as docker-compose runs it (AOF, fsync every second) unless
+``--no-persistence``; the output says which. Warning: it writes runs named ``bench-*`` into the
+store (they expire with the store's TTL).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _redis import add_persistence_flag, persistence_label, private_server
+
 from chainrt.store import (
     CheckpointStore,
     OwnerLease,
@@ -33,7 +38,6 @@ from chainrt.store import (
     StepRecord,
     open_store,
 )
-from chainrt.testing.redis_server import RedisServer
 
 
 def _run(run_id: str) -> RunRecord:
@@ -142,6 +146,7 @@ def main() -> None:
     parser.add_argument("--store", help="store URL (default: a private Redis and a temp SQLite)")
     parser.add_argument("--n", type=int, default=5000, help="commits to time (default 5000)")
     parser.add_argument("--tasks", type=int, default=16, help="concurrent tasks (default 16)")
+    add_persistence_flag(parser)
     args = parser.parse_args()
     if args.store:
         asyncio.run(bench(args.store, args.n, args.tasks))
@@ -149,7 +154,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(bench(f"sqlite:///{tmp}/bench.db", args.n, args.tasks))
     print()
-    with RedisServer() as server:
+    print(f"private redis-server, {persistence_label(args)}")
+    with private_server(args) as server:
         asyncio.run(bench(server.url, args.n, args.tasks))
 
 

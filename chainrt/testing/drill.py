@@ -130,6 +130,10 @@ class DrillOptions:
     steps: int = STEP_COUNT
 
 
+_MAX_EARLY_KILLS = 8
+"""Kills before the run exists that one drilled run allows (then its process is left alone)."""
+
+
 @dataclass
 class Process:
     """One runner process of a drilled run, and what the store held right after it ended."""
@@ -405,10 +409,16 @@ class Drill:
         # Kill moments are drawn over a whole run, start-up mostly left out: a kill before the
         # run exists tests little. A kill that still came too early raises the lower bound.
         low = 0.8 * start_s
+        steps_s = max(full_s - start_s, 0.0)
+        early = 0  # kills that came before the run existed
         while True:
-            kills = sum(p.killed for p in processes)
+            # Kills before the run exists test little, so they do not use up max_kills; a few
+            # are allowed (a busy machine starts processes slower than calibrated), then none.
+            kills = sum(p.killed for p in processes) - early
             chance = 1.0 if status is None else opts.resume_kill_chance
-            kill = kills < opts.max_kills and self.rng.random() < chance
+            kill = (
+                kills < opts.max_kills and early < _MAX_EARLY_KILLS and self.rng.random() < chance
+            )
             kill_after = self.rng.uniform(low, full_s) if kill else None
             mode = "run" if status is None else "resume"
             proc = self._spawn(len(processes), mode, run_id, seed, kill_after, cli)
@@ -420,7 +430,10 @@ class Drill:
             if status == "completed" or not proc.killed:
                 break
             if status is None and kill_after is not None:
+                # The run starts later than measured: so do its steps and its end.
+                early += 1
                 low = max(low, kill_after)
+                full_s = max(full_s, low + steps_s)
         return self._verify(run_id, seed, processes)
 
     def _durations(self, cli: bool) -> tuple[float, float]:

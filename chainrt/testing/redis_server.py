@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 __all__ = ["RedisServer", "free_port"]
 
@@ -29,12 +30,19 @@ class RedisServer:
     nothing is persisted. With ``durable=True`` every write is fsynced to an append-only file
     before Redis replies, so a write Redis acknowledged survives :meth:`kill` (``kill -9``) and
     comes back on the next :meth:`start` or :meth:`restart` (same port, same data dir).
+    ``appendfsync="everysec"`` fsyncs once a second instead — Redis's own default with
+    ``--appendonly yes``, as docker-compose runs it, and what the benchmarks measure by default.
     ``pause()``/``resume()`` are not offered: tests SIGSTOP the process through ``server.process``
     when they need that.
     """
 
     def __init__(
-        self, *, port: int | None = None, password: str | None = None, durable: bool = False
+        self,
+        *,
+        port: int | None = None,
+        password: str | None = None,
+        durable: bool = False,
+        appendfsync: Literal["always", "everysec"] = "always",
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -45,6 +53,8 @@ class RedisServer:
         self.port = port or free_port()
         self.password = password
         self.durable = durable
+        self.appendfsync = appendfsync
+        """When the append-only file is fsynced (only with ``durable``)."""
         self._dir = Path(tempfile.mkdtemp(prefix="chainrt-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -67,7 +77,7 @@ class RedisServer:
             "--loglevel", "warning",
         ]  # fmt: skip
         if self.durable:
-            args += ["--appendfsync", "always"]  # fsync before replying, not once a second
+            args += ["--appendfsync", self.appendfsync]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
