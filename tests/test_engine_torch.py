@@ -35,6 +35,9 @@ from workers.engines._hf_cache import (
 from workers.engines._hf_model import ModelFacts, read_model_facts
 from workers.engines._torch import TorchEngine
 
+# Real model conversion and generations on the CPU (about two minutes on 2 cores): the slow tier.
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims.

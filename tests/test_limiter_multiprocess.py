@@ -21,7 +21,7 @@ import redis
 from chainrt._errors import ConcurrencyRejected
 from chainrt.concurrency import KeyRequest, RedisLimiter
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]  # many processes: the slow tier
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "helpers" / "limiter_worker.py"

@@ -35,6 +35,7 @@ async def test_local_limiter_under_random_operations(seed: int) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.slow  # 5,000 operations over Redis: half a minute on 2 cores
 async def test_redis_instances_sharing_one_redis_under_random_operations(
     redis_limiters: list[RedisLimiter], redis_url: str
 ) -> None:
