@@ -13,6 +13,7 @@ Requests and replies are JSON lines (:class:`SpawnRequest`, :class:`SpawnReply`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -42,6 +43,7 @@ class SpawnRequest(TypedDict):
     foreign_host: bool  # claim a host name of its own (fork server only)
     kill_after: float | None  # SIGKILL it after this many seconds (None: let it end)
     err: str  # file that receives its stdout and stderr
+    from_first_step: bool  # count kill_after from the process's first step, not its start (CLI)
 
 
 class SpawnReply(TypedDict):
@@ -108,10 +110,15 @@ def run_cli(chain: Path, request: SpawnRequest) -> SpawnReply:
         args += [run_id]
     args += ["--store", request["store"], "--json"]
     env = {**os.environ, "CHAINRT_LEASE_TTL_S": str(request["lease_ttl_s"])}
+    log = Path(request["input"]["log_dir"]) / f"{run_id}.jsonl"
     with open(request["err"], "ab") as err:
         started = time.time()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
         try:
+            if request["kill_after"] is not None and request["from_first_step"]:
+                # A fresh interpreter's start-up varies by seconds on a loaded machine, far more
+                # than the steps take: count from this process's first step instead.
+                _wait_first_step(log, proc)
             proc.wait(timeout=request["kill_after"] or HANG_S)
         except subprocess.TimeoutExpired:
             proc.kill()  # not reaped yet: the pid is still this child's
@@ -122,6 +129,19 @@ def run_cli(chain: Path, request: SpawnRequest) -> SpawnReply:
     return SpawnReply(
         pid=proc.pid, killed=killed, code=code, started_at=started, ended_at=time.time()
     )
+
+
+def _wait_first_step(log: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Return once ``proc`` has logged a step call in ``log`` (or ended, or HANG_S passed)."""
+    needle = f'"pid": {proc.pid},'.encode()
+    compact = f'"pid":{proc.pid},'.encode()
+    deadline = time.monotonic() + HANG_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            data = log.read_bytes()
+            if needle in data or compact in data:
+                return
+        time.sleep(0.002)
 
 
 # ---------------------------------------------------------------------------- inside the server

@@ -20,7 +20,8 @@ owner's lease expired.
 Runner processes come from a fork server that imports chainrt once and forks a child per
 process, so a runner starts in milliseconds instead of the half second a fresh interpreter
 needs (see ``_drill_procs``); ``cli=True`` starts the real CLI (``python -m chainrt run|resume
-... --json``) instead.
+... --json``) instead. A CLI process's start-up varies by seconds on a loaded machine, far more
+than the drill chain's steps take, so its kill moment is counted from its first step.
 """
 
 from __future__ import annotations
@@ -419,7 +420,12 @@ class Drill:
             kill = (
                 kills < opts.max_kills and early < _MAX_EARLY_KILLS and self.rng.random() < chance
             )
-            kill_after = self.rng.uniform(low, full_s) if kill else None
+            if not kill:
+                kill_after = None
+            elif cli:  # counted from the process's first step (see run_cli)
+                kill_after = self.rng.uniform(0.0, max(steps_s, 0.01))
+            else:
+                kill_after = self.rng.uniform(low, full_s)
             mode = "run" if status is None else "resume"
             proc = self._spawn(len(processes), mode, run_id, seed, kill_after, cli)
             processes.append(proc)
@@ -488,6 +494,7 @@ class Drill:
             foreign_host=self.options.foreign_hosts,
             kill_after=kill_after,
             err=str(self.options.log_dir / f"{run_id}.err"),
+            from_first_step=cli,
         )
         reply = run_cli(self.options.chain, request) if cli else self._server.spawn(request)
         proc = Process(
