@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .store._records import RunRecord, StepRecord
 
-__all__ = ["BudgetSummary", "RunResult", "StepSummary"]
+__all__ = ["BudgetSummary", "LlmAnswers", "RunResult", "StepSummary"]
 
 
 class StepSummary(BaseModel):
@@ -37,6 +37,40 @@ class BudgetSummary(BaseModel):
     used_ms: float
 
 
+class LlmAnswers(BaseModel):
+    """Who answered the run's LLM steps: the step's own model, a fallback model, or nobody.
+
+    A step whose every model failed and whose ``static_answer`` was used counts under ``static``;
+    a step that failed or timed out with no answer at all counts under ``unanswered``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=0, description="LLM steps that ran.")
+    primary: int = Field(default=0, description="Answered by the step's own model.")
+    fallback: int = Field(default=0, description="Answered by one of the step's fallback models.")
+    static: int = Field(default=0, description="Answered by the step's static answer.")
+    unanswered: int = Field(default=0, description="Failed or timed out without an answer.")
+
+
+STATIC_MODEL = "static"
+"""The name the dispatcher records as the model of a static answer."""
+
+
+def _llm_answers(llm_steps: list[StepRecord]) -> LlmAnswers:
+    counts = LlmAnswers(steps=len(llm_steps))
+    for rec in llm_steps:
+        if rec.status not in ("completed", "partial"):
+            counts.unanswered += 1
+        elif rec.fallback == STATIC_MODEL:
+            counts.static += 1
+        elif rec.fallback is not None:
+            counts.fallback += 1
+        else:
+            counts.primary += 1
+    return counts
+
+
 class RunResult(BaseModel):
     """What a run ended with. ``status`` is completed | partial | rejected | failed."""
 
@@ -50,6 +84,12 @@ class RunResult(BaseModel):
     steps: list[StepSummary]
     stopped_at: str | None = None
     error: str | None = None
+    degraded: bool = Field(
+        default=False,
+        description="True when at least one LLM step was answered by its static answer "
+        "instead of a model; `llm_answers` has the counts.",
+    )
+    llm_answers: LlmAnswers = Field(default_factory=LlmAnswers)
 
     @property
     def ok(self) -> bool:
@@ -59,7 +99,10 @@ class RunResult(BaseModel):
     @classmethod
     def from_records(cls, run: RunRecord, steps: dict[str, StepRecord]) -> RunResult:
         """Build the result from stored records, steps in chain order."""
-        order = [s.get("id") for s in run.spec.get("steps", []) if isinstance(s, dict)]
+        spec_steps = [s for s in run.spec.get("steps", []) if isinstance(s, dict)]
+        order = [s.get("id") for s in spec_steps]
+        llm_ids = {s.get("id") for s in spec_steps if s.get("llm") is not None}
+        answers = _llm_answers([rec for step_id, rec in steps.items() if step_id in llm_ids])
         summaries = [
             StepSummary(
                 id=rec.step_id,
@@ -85,4 +128,6 @@ class RunResult(BaseModel):
             steps=summaries,
             stopped_at=run.stopped_at,
             error=run.error,
+            degraded=answers.static > 0,
+            llm_answers=answers,
         )

@@ -13,6 +13,8 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,7 @@ from workers.engines import Engine
 if TYPE_CHECKING:
     from workers.server import RequestObserver
 
-__all__ = ["ENGINES", "build_parser", "main", "make_engine"]
+__all__ = ["ENGINES", "build_parser", "check_uds_path", "main", "make_engine"]
 
 ENGINES: dict[str, str] = {
     "local": "workers.engines._llamacpp:LocalEngine",
@@ -111,6 +113,19 @@ def _tracing_observer(engine: str) -> RequestObserver | None:
     return observer_from_env(engine)
 
 
+def check_uds_path(path: str) -> None:
+    """Refuse a Unix socket path the worker could not bind, before any model is loaded."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise WorkerError(
+            f"--uds {path}: folder {folder} does not exist (create it first, e.g. mkdir -p {folder})"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise WorkerError(f"--uds {path}: folder {folder} is not writable by this user")
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise WorkerError(f"--uds {path}: a file that is not a socket is already there")
+
+
 async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -160,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if args.uds:
+            check_uds_path(args.uds)
         loop_factory = None
         try:
             import uvloop  # faster HTTP when present (uvicorn[standard] brings it)

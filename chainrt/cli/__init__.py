@@ -42,7 +42,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = _Parser(prog="chainrt", description="Run agent chains inside their latency budget.")
+    parser.add_argument("--version", action="version", version=f"chainrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a chain")
@@ -74,9 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("run_id")
     inspect.add_argument("--store")
     inspect.add_argument("--json", action="store_true")
+    inspect.add_argument(
+        "--full", action="store_true", help="print every step's output whole (default: 200 chars)"
+    )
 
     validate = sub.add_parser(
-        "validate", help="validate chain files (or every chain in a directory)"
+        "validate",
+        help="validate chain and pool files (folders are searched recursively)",
     )
     validate.add_argument("paths", nargs="+")
 
@@ -220,7 +227,7 @@ async def _inspect(args: argparse.Namespace) -> int:
         payload["records"] = {k: v.model_dump(mode="json", by_alias=True) for k, v in steps.items()}
         print(json.dumps(payload, ensure_ascii=False))
     else:
-        print_inspect(run, steps, trace_url, sys.stdout)
+        print_inspect(run, steps, trace_url, sys.stdout, full=args.full)
     return EXIT_OK
 
 
@@ -236,14 +243,14 @@ def _run_summary(run: Any) -> dict[str, Any]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ..spec import validate_paths
+    from ._validate import validate
 
-    errors = validate_paths([Path(p) for p in args.paths])
-    for error in errors:
+    report = validate(args.paths)
+    for error in report.errors:
         print(str(error), file=sys.stderr)
-    if errors:
+    if report.errors:
         return EXIT_USAGE
-    print(f"ok: {', '.join(args.paths)}")
+    print(report.summary())
     return EXIT_OK
 
 

@@ -62,23 +62,46 @@ class LivePrinter(Progress):
         return None
 
 
-def _short(value: Any, width: int = 400) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= width else text[: width - 3] + "..."
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _short(value: Any, width: int | None) -> str:
+    """The value as text, cut at ``width`` characters (``None``: whole) with what was left out."""
+    text = _text(value)
+    if width is None or len(text) <= width:
+        return text
+    return f"{text[:width]}... ({len(text) - width} more characters; --full shows all)"
+
+
+def degraded_note(result: RunResult) -> str | None:
+    """One line saying which LLM steps were answered by their static answer, or ``None``."""
+    if not result.degraded:
+        return None
+    answers = result.llm_answers
+    return (
+        f"degraded: {answers.static} of {answers.steps} LLM steps answered by their static "
+        f"answer, not a model (primary {answers.primary}, fallback {answers.fallback}, "
+        f"unanswered {answers.unanswered})"
+    )
 
 
 def print_result(result: RunResult, out: TextIO) -> None:
     """The summary after ``run``/``resume``."""
     used, total = result.budget.used_ms, result.budget.total_ms
+    status = result.status.upper() + (" (DEGRADED)" if result.degraded else "")
     print(
-        f"{result.status.upper()}  {result.chain}  run {result.run_id}  used {format_ms(used)} of {format_ms(total)}",
+        f"{status}  {result.chain}  run {result.run_id}  used {format_ms(used)} of {format_ms(total)}",
         file=out,
     )
     if result.stopped_at:
         print(f"stopped at step {result.stopped_at}: {result.error}", file=out)
     elif result.error:
         print(f"error: {result.error}", file=out)
-    print(f"output: {_short(result.output)}", file=out)
+    note = degraded_note(result)
+    if note:
+        print(note, file=out)
+    print(f"output: {_text(result.output)}", file=out)
     if result.status not in ("completed", "running"):
         print(f"resume with: chainrt resume {result.run_id} --budget 8s", file=out)
 
@@ -97,9 +120,18 @@ def print_runs(runs: list[RunRecord], out: TextIO) -> None:
 
 
 def print_inspect(
-    run: RunRecord, steps: dict[str, StepRecord], trace_url: str | None, out: TextIO
+    run: RunRecord,
+    steps: dict[str, StepRecord],
+    trace_url: str | None,
+    out: TextIO,
+    *,
+    full: bool = False,
 ) -> None:
-    """The detail view of ``chainrt inspect``."""
+    """The detail view of ``chainrt inspect``: the run's input and output whole, each step's
+    output cut at 200 characters unless ``full``."""
+    from .._result import RunResult
+
+    width = None if full else 200
     print(f"run      {run.run_id}", file=out)
     print(f"chain    {run.chain}  ({run.source or 'no source dir'})", file=out)
     print(
@@ -114,10 +146,13 @@ def print_inspect(
         print(f"owner    {run.owner.host}:{run.owner.pid} (token {run.owner.token})", file=out)
     if run.error:
         print(f"error    {run.error}", file=out)
+    note = degraded_note(RunResult.from_records(run, steps))
+    if note:
+        print(f"         {note}", file=out)
     for key, ms in run.waits_ms.items():
         print(f"waited   {format_ms(ms)} for key {key}", file=out)
-    print(f"input    {_short(run.input)}", file=out)
-    print(f"output   {_short(run.output)}", file=out)
+    print(f"input    {_text(run.input)}", file=out)
+    print(f"output   {_text(run.output)}", file=out)
     if trace_url:
         print(f"trace    {trace_url}", file=out)
     print("steps:", file=out)
@@ -145,4 +180,4 @@ def print_inspect(
             )
         if rec.error:
             print(f"       error: {rec.error}", file=out)
-        print(f"       output: {_short(rec.output, 200)}", file=out)
+        print(f"       output: {_short(rec.output, width)}", file=out)

@@ -1,0 +1,107 @@
+"""``chainrt validate``: check chain files and pool files, walking folders recursively.
+
+A YAML file is a pool file when its top level has ``models`` and no ``steps``; otherwise it is a
+chain. Inside a folder, a YAML file that is neither (no ``steps``, ``name``, ``budget`` or
+``models`` at the top — a compose file, a CI workflow) is skipped and counted, never guessed at;
+a file named on the command line is always checked. Hidden folders, ``__pycache__`` and
+``node_modules`` are not entered. The pool model (and so ``chainrt.dispatch``) is imported only when
+a pool file is found, so validating chains stays as light as before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ..errors import SpecError
+
+__all__ = ["ValidateReport", "validate"]
+
+_SUFFIXES = (".yaml", ".yml")
+_SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
+_CHAIN_KEYS = frozenset({"steps", "name", "budget"})
+
+Kind = Literal["chain", "pool", "other"]
+
+
+@dataclass
+class ValidateReport:
+    """What ``validate`` found: files checked by kind, files skipped, and the errors."""
+
+    chains: list[str] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    errors: list[SpecError] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: ``ok: 3 chains, 1 pool file`` (and what was skipped)."""
+        parts = [_count(len(self.chains), "chain"), _count(len(self.pools), "pool file")]
+        text = "ok: " + ", ".join(parts)
+        if self.skipped:
+            text += f" (skipped {_count(len(self.skipped), 'other YAML file')})"
+        return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _walk(folder: Path) -> Iterator[Path]:
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+        for name in sorted(files):
+            if name.endswith(_SUFFIXES):
+                yield Path(root) / name
+
+
+def _kind(path: Path) -> Kind:
+    """Chain, pool or neither, from the top-level keys (SpecError when it is not YAML at all)."""
+    from ..spec import read_yaml
+
+    keys = set(read_yaml(path).data)
+    if "models" in keys and "steps" not in keys:
+        return "pool"
+    return "chain" if keys & _CHAIN_KEYS else "other"
+
+
+def _check(path: Path, kind: Kind, allowed_modules: Sequence[str] | None) -> None:
+    if kind == "pool":
+        from ..dispatch._pool import load_pool_config
+
+        load_pool_config(path)
+    else:
+        from ..spec import load_spec
+
+        load_spec(path, allowed_modules=allowed_modules)
+
+
+def validate(
+    paths: Sequence[str | os.PathLike[str]], *, allowed_modules: Sequence[str] | None = None
+) -> ValidateReport:
+    """Validate every chain and pool file named in ``paths`` or found under a folder there."""
+    report = ValidateReport()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files = list(_walk(path))
+            if not files:
+                report.errors.append(
+                    SpecError("no *.yaml or *.yml files here", file=os.fspath(raw))
+                )
+        else:
+            files = [path]
+        for file in files:
+            try:
+                kind = _kind(file)
+                if kind == "other" and file is not path:
+                    report.skipped.append(os.fspath(file))
+                    continue
+                _check(file, "chain" if kind == "other" else kind, allowed_modules)
+            except SpecError as exc:
+                report.errors.append(exc)
+                continue
+            (report.pools if kind == "pool" else report.chains).append(os.fspath(file))
+    return report
