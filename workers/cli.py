@@ -3,6 +3,7 @@
     chainrt-worker serve --engine local --port 8001
     chainrt-worker serve --engine vllm --model /models/qwen3-8b --uds /run/chainrt/w1.sock
     chainrt-worker serve --engine local --port 8001 --enable-fault-injection   # tests, drills
+    chainrt-worker doctor [--json]       # driver / CUDA / torch / vLLM: a known-bad combination?
 
 Engines are imported only when chosen: ``--engine local`` never imports vLLM or torch.
 """
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
+    doctor = commands.add_parser(
+        "doctor", help="check the driver / CUDA / torch / vLLM versions against known-bad ones"
+    )
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -171,6 +176,10 @@ async def _serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chainrt-worker``; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        from workers.doctor import run
+
+        return run(as_json=args.json)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
