@@ -406,7 +406,8 @@ def test_env_tracing_builds_one_provider_per_process_and_names_the_service(
     assert isinstance(again, OtelHooks)
     assert hooks.provider is again.provider
     assert hooks.provider.resource.attributes["service.name"] == "chainrt-runner"
-    assert hooks.trace_url("ab" * 16) == f"http://j:16686/trace/{'ab' * 16}"
+    assert hooks.jaeger_url == "http://j:16686"
+    assert hooks.trace_url("ab" * 16) is None  # nothing of that trace reached a collector
     worker = tracer_provider_from_env("chainrt-worker")
     assert worker is not None
     assert worker.resource.attributes["service.name"] == "chainrt-worker"

@@ -145,9 +145,11 @@ async def _trace_url(runtime: Runtime, run_id: str) -> str | None:
         return None
     if not isinstance(trace_id, str):
         return None
-    return runtime.hooks.trace_url(trace_id) or (
-        f"{runtime.settings.jaeger_url.rstrip('/')}/trace/{trace_id}"
-    )
+    import asyncio
+
+    # None when the trace never reached a collector: no link to a page that does not exist.
+    # trace_url flushes the exporter first (bounded), so it runs off the event loop.
+    return await asyncio.to_thread(runtime.hooks.trace_url, trace_id)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -254,8 +256,20 @@ def _validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _log_to_stderr() -> None:
+    """chainrt's own log lines (e.g. "traces not exported") as ``chainrt: message`` on stderr."""
+    import logging
+
+    logger = logging.getLogger("chainrt")
+    if not logger.handlers and not logging.getLogger().handlers:  # an embedder's config wins
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("chainrt: %(message)s"))
+        logger.addHandler(handler)  # level stays WARNING (the root's), propagation unchanged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``chainrt`` console script; returns the exit code."""
+    _log_to_stderr()
     try:
         args = _parser().parse_args(argv)
         if args.command == "schema":

@@ -33,6 +33,7 @@ from . import _attributes as attributes
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
+    from ._export import ReportingExporter
     from ._hooks import OtelHooks
 
 __all__ = [
@@ -120,6 +121,8 @@ class TraceConfig:
 
 _providers: dict[tuple[str, TraceConfig], TracerProvider] = {}
 _providers_lock = threading.Lock()
+_reporters: dict[int, ReportingExporter] = {}
+"""``id(provider)`` → the OTLP exporter wrapper of that provider (providers live as long)."""
 
 
 def tracer_provider_from_env(service_name: str, *, force: bool = False) -> TracerProvider | None:
@@ -168,7 +171,9 @@ def hooks_from_env(settings: Settings | None = None, *, force: bool = False) -> 
         return NO_HOOKS
     from ._hooks import OtelHooks
 
-    return OtelHooks(provider, jaeger_url=settings.jaeger_url)
+    return OtelHooks(
+        provider, jaeger_url=settings.jaeger_url, delivery=_reporters.get(id(provider))
+    )
 
 
 def in_memory_hooks(*, jaeger_url: str = "http://localhost:16686") -> OtelHooks:
@@ -234,6 +239,15 @@ def _build_provider(service_name: str, config: TraceConfig) -> TracerProvider:
             )
 
             exporter = HttpExporter(timeout=timeout)
+        if name == "otlp":
+            from ._export import ReportingExporter, otlp_target
+
+            endpoint = variables.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or variables.get(
+                "OTEL_EXPORTER_OTLP_ENDPOINT"
+            )
+            exporter = _reporters[id(provider)] = ReportingExporter(
+                exporter, otlp_target(endpoint, config.protocol)
+            )
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 

@@ -27,6 +27,7 @@ from opentelemetry.util.types import AttributeValue
 from .._errors import ChainRTError
 from .._hooks import Hooks, Span
 from . import _attributes as attr
+from ._export import ReportingExporter
 
 __all__ = ["OtelHooks", "clean_attributes"]
 
@@ -182,6 +183,8 @@ class OtelHooks(Hooks):
 
     ``exporter`` is kept for callers that want to read what was exported (the in-memory exporter
     of :func:`chainrt.tracing.in_memory_hooks`); ``jaeger_url`` is where :meth:`trace_url` points.
+    ``delivery`` is the OTLP exporter's wrapper: with it, :meth:`trace_url` names only traces that
+    reached the collector.
     """
 
     def __init__(
@@ -191,11 +194,13 @@ class OtelHooks(Hooks):
         jaeger_url: str = "http://localhost:16686",
         exporter: SpanExporter | None = None,
         flush_timeout_s: float = 5.0,
+        delivery: ReportingExporter | None = None,
     ) -> None:
         from .. import __version__
 
         self.provider = provider
         self.exporter = exporter
+        self.delivery = delivery
         self.jaeger_url = jaeger_url.rstrip("/")
         self._flush_timeout_ms = int(flush_timeout_s * 1000)
         self._tracer = provider.get_tracer("chainrt", __version__)
@@ -235,7 +240,15 @@ class OtelHooks(Hooks):
         }
 
     def trace_url(self, trace_id: str) -> str | None:
-        """The Jaeger UI page of ``trace_id``."""
+        """The Jaeger UI page of ``trace_id``; None when its spans were not delivered.
+
+        With an OTLP exporter the buffered spans are flushed first (bounded by
+        ``flush_timeout_s``), so the answer is about this trace's spans, not a guess.
+        """
+        if self.delivery is not None:
+            self.flush()
+            if not self.delivery.exported(trace_id):
+                return None
         return f"{self.jaeger_url}/trace/{trace_id}"
 
     def flush(self) -> None:
