@@ -3,6 +3,7 @@
 Usage::
 
     python bench/concurrency.py [--redis redis://host:port/db] [--seconds 2] [--no-persistence]
+    python bench/concurrency.py --sqlite [--processes 4] [--seconds 2]
 
 Without ``--redis`` a private redis-server is started (AOF with fsync every second, as
 docker-compose runs it; ``--no-persistence`` turns that off). For 1 key
@@ -15,6 +16,11 @@ the limiter's two scripts called bare (what separates script cost from limiter c
 The machine running it is often shared: every case runs ``--rounds`` interleaved rounds and the
 best round is shown (best-of-N, said in the output): it estimates what the code can do, not what
 a busy machine gives.
+
+``--sqlite`` measures the embedded store's limiter instead (no Redis): pairs/s of
+:class:`SQLiteLimiter` on a temporary file at 1, 8 and 64 tasks next to the in-process limiter,
+then ``--processes`` OS processes doing pairs on one key of the same file at once (their pairs
+summed over the common window), uncontended and with limit 1.
 """
 
 from __future__ import annotations
@@ -22,13 +28,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import redis.asyncio as aredis
 from _redis import add_persistence_flag, persistence_label, private_server
 
-from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, RedisLimiter
+from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, RedisLimiter, SQLiteLimiter
 from chainrt.concurrency._keys import DEFAULT_PREFIX
 from chainrt.concurrency._redis import _SHA, _Call
 
@@ -140,14 +149,92 @@ async def bench(url: str, seconds: float, rounds: int) -> None:
     await client.aclose()
 
 
+async def bench_sqlite(seconds: float, rounds: int, processes: int) -> None:
+    """Pairs/s of the SQLite limiter: one process, then ``processes`` processes on one file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/bench.db"
+        sqlite = SQLiteLimiter(path)
+        local = LocalLimiter()
+        print(
+            f"SQLite limiter on {path} (WAL, synchronous=NORMAL); best of {rounds} rounds of "
+            f"{seconds:g} s per case, cases interleaved"
+        )
+        cases: dict[str, Callable[[], Op]] = {
+            "sqlite limiter pairs, 1 key": lambda: _pairs(sqlite, 1),
+            "sqlite limiter pairs, 100 keys": lambda: _pairs(sqlite, 100),
+            "sqlite limiter pairs, 1 key, limit 1": lambda: _pairs(sqlite, 1, limit=1),
+            "local limiter pairs, 1 key": lambda: _pairs(local, 1),
+        }
+        best: dict[tuple[str, int], float] = {}
+        for n in TASKS:
+            for _ in range(rounds):
+                for case, make in cases.items():
+                    if n == 1 and "limit 1" in case:
+                        continue
+                    rate = await _rate(make(), n, seconds)
+                    best[case, n] = max(best.get((case, n), 0.0), rate)
+        await sqlite.close()
+        print(f"{'case':<40} {'tasks':>5} {'ops/s':>11} {'us/op':>9}")
+        for case in cases:
+            for n in TASKS:
+                if (case, n) in best:
+                    _row(case, n, best[case, n])
+        for limit in (BIG_LIMIT, 1):
+            total = _across_processes(path, processes, seconds, limit)
+            what = "limit 1" if limit == 1 else "uncontended"
+            _row(f"sqlite, {processes} processes x 1 task, {what}", processes, total)
+
+
+def _across_processes(path: str, processes: int, seconds: float, limit: int) -> float:
+    """Pairs/s summed over ``processes`` child processes sharing one key of ``path``."""
+    start_at = time.time() + 3.0  # every child is up and warm before the common window opens
+    argv = [sys.executable, __file__, "--sqlite-child", path, "--seconds", str(seconds),
+            "--start-at", str(start_at), "--limit", str(limit)]  # fmt: skip
+    children = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    pairs = 0
+    for child in children:
+        out, _ = child.communicate(timeout=seconds + 120)
+        if child.returncode != 0:
+            raise SystemExit(f"a bench child failed (exit {child.returncode})")
+        pairs += int(out.strip())
+    return pairs / seconds
+
+
+async def _child(path: str, seconds: float, start_at: float, limit: int) -> None:
+    limiter = SQLiteLimiter(path)
+    op = _pairs(limiter, 1, limit=limit)
+    i = 0
+    while time.time() < start_at - 1.0:  # warm: connection, statements
+        await op(0, i)
+        i += 1
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    stop, count = start_at + seconds, 0
+    while time.time() < stop:
+        await op(0, count)
+        count += 1
+    await limiter.close()
+    print(count)
+
+
 def main() -> None:
     """Parse the arguments and run the bench."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--redis", default=None, help="redis:// URL (default: a private server)")
     parser.add_argument("--seconds", type=float, default=1.0, help="measuring time per case")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per case (best is shown)")
+    parser.add_argument("--sqlite", action="store_true", help="bench the SQLite limiter instead")
+    parser.add_argument("--processes", type=int, default=4, help="processes of the --sqlite case")
+    parser.add_argument("--sqlite-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--limit", type=int, default=BIG_LIMIT, help=argparse.SUPPRESS)
     add_persistence_flag(parser)
     args = parser.parse_args()
+    if args.sqlite_child:
+        asyncio.run(_child(args.sqlite_child, args.seconds, args.start_at, args.limit))
+        return
+    if args.sqlite:
+        asyncio.run(bench_sqlite(args.seconds, args.rounds, args.processes))
+        return
     with _server(args) as url:
         asyncio.run(bench(url, args.seconds, args.rounds))
 

@@ -33,15 +33,16 @@ def test_public_names_are_pinned() -> None:
         "Limiter",
         "LocalLimiter",
         "RedisLimiter",
+        "SQLiteLimiter",
         "open_limiter",
     ]
     assert all(getattr(concurrency, name) is not None for name in concurrency.__all__)
 
 
-async def test_embedded_stores_share_one_process_wide_limiter() -> None:
-    first = open_limiter("sqlite:///.chainrt/a.db")
+async def test_in_memory_stores_share_one_process_wide_limiter() -> None:
+    first = open_limiter("sqlite:///:memory:")
     assert isinstance(first, LocalLimiter)
-    assert open_limiter("sqlite:///elsewhere/b.db") is first
+    assert open_limiter("sqlite:///:memory:") is first
     await first.close()  # a no-op: the shared instance keeps working
     holding = await first.acquire([KeyRequest("k", 1)], timeout_s=0, holder="h")
     await holding.release()

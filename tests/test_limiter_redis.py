@@ -76,9 +76,9 @@ async def raw(redis_url: str) -> AsyncIterator[aredis.Redis]:
 
 
 async def test_open_limiter_picks_the_backend_from_the_store_url(redis_url: str) -> None:
-    local = open_limiter("sqlite:///.chainrt/chainrt.db")
+    local = open_limiter("sqlite:///:memory:")
     assert isinstance(local, LocalLimiter)
-    assert open_limiter("sqlite:///other.db") is local  # one process-wide instance
+    assert open_limiter("sqlite:///:memory:") is local  # one process-wide instance
     remote = open_limiter(redis_url, lease_ttl_s=3.0)
     assert isinstance(remote, RedisLimiter)
     assert remote.lease_ttl_s == 3.0

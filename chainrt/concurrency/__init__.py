@@ -2,8 +2,10 @@
 
 ``open_limiter(store_url)`` picks the implementation that matches the checkpoint store: with a
 Redis store the keys live in the same Redis and hold across every process and host
-(:class:`RedisLimiter`); with the embedded store they hold within this process
-(:class:`LocalLimiter`, one instance shared by the whole process).
+(:class:`RedisLimiter`); with the embedded store they live in the same SQLite file and hold across
+every process of the host that shares it (:class:`SQLiteLimiter`). Only an in-memory store
+(``sqlite:///:memory:``) falls back to :class:`LocalLimiter`, one instance shared by the whole
+process.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConcurrencyError
+from .._errors import ChainRTError, ConcurrencyError
 from ._local import LocalLimiter
 from ._protocol import Holding, KeyRequest, KeyState, Limiter
+from ._sqlite import SQLiteLimiter
 
 if TYPE_CHECKING:
     from ._redis import RedisLimiter
@@ -25,6 +28,7 @@ __all__ = [
     "Limiter",
     "LocalLimiter",
     "RedisLimiter",
+    "SQLiteLimiter",
     "open_limiter",
 ]
 
@@ -43,10 +47,11 @@ def _shared_local() -> LocalLimiter:
 def open_limiter(store_url: str, *, lease_ttl_s: float = 10.0) -> Limiter:
     """The limiter for the store at ``store_url``.
 
-    ``redis://`` and ``rediss://`` give a new :class:`RedisLimiter` on that server (close it at
-    process end); anything else (``sqlite:///...``) gives the process-wide :class:`LocalLimiter`,
-    so that every chain run in this process shares the same limits. ``lease_ttl_s`` is how soon the
-    slot of a killed holder frees itself (Redis only: local slots die with their process).
+    ``redis://`` and ``rediss://`` give a new :class:`RedisLimiter` on that server and
+    ``sqlite:///path.db`` a new :class:`SQLiteLimiter` on that file (close either when done);
+    ``sqlite:///:memory:`` gives the process-wide :class:`LocalLimiter`, so that every chain run in
+    this process shares the same limits. ``lease_ttl_s`` is how soon the slot of a killed holder
+    frees itself (local slots die with their process).
     """
     scheme = store_url.split("://", 1)[0].lower() if "://" in store_url else ""
     if scheme in ("redis", "rediss"):
@@ -57,6 +62,15 @@ def open_limiter(store_url: str, *, lease_ttl_s: float = 10.0) -> Limiter:
                 f"store {scheme}://... needs the redis package: pip install 'chainrt[redis]'"
             ) from exc
         return RedisLimiter.from_url(store_url, lease_ttl_s=lease_ttl_s)
+    if scheme == "sqlite":
+        from ..store._url import sqlite_path
+
+        try:
+            path = sqlite_path(store_url)
+        except ChainRTError as exc:
+            raise ConcurrencyError(str(exc)) from None
+        if path is not None:
+            return SQLiteLimiter(path, lease_ttl_s=lease_ttl_s)
     return _shared_local()
 
 
