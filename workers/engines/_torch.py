@@ -29,38 +29,28 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import os
-import queue
-import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
-from ._base import (
-    Engine,
-    FinishReason,
-    GenerationRequest,
-    GenerationResult,
-    MemoryStats,
-    StreamDelta,
-)
-from ._bridge import EngineJob, stream_job
+from ._base import FinishReason, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
+from ._bridge import EngineJob
 from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
+from ._threaded import ThreadedEngine
 from ._torch_decode import DecodeJob, decode, is_oom
 
 __all__ = ["TorchEngine"]
 
 
-class TorchEngine(Engine):
+class TorchEngine(ThreadedEngine):
     """A transformers causal LM on torch (CUDA when available, else CPU), one GPU thread."""
 
     name = "torch"
+    thread_name = "chainrt-torch"
 
     def __init__(
         self,
@@ -80,22 +70,18 @@ class TorchEngine(Engine):
         """
         if max_model_len < 16:
             raise WorkerError(f"{max_model_len=} must be at least 16 tokens")
+        super().__init__()
         self.model_name = model_name
         self._model_arg = model
         self._device_arg = device
         self._dtype_arg = dtype
         self._max_model_len = max_model_len
-        self._load_lock = threading.Lock()
         self._torch: Any = None
         self._model: Any = None
         self._tokenizer: PromptTokenizer | None = None
         self._facts: ModelFacts | None = None
         self._eos: set[int] = set()
         self._dtype_bytes = 4
-        self._jobs: queue.PriorityQueue[EngineJob] = queue.PriorityQueue()
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._dead: str | None = None
         self.device: str | None = None
         """``cuda`` or ``cpu`` once loaded."""
         self.model_dir: Path | None = None
@@ -109,39 +95,28 @@ class TorchEngine(Engine):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Load torch, the model and the tokenizer, start the GPU thread. Idempotent."""
-        await asyncio.to_thread(self._ensure_loaded)
-
-    async def close(self) -> None:
-        """Stop the GPU thread (queued requests fail with WorkerError) and free the model."""
-        await asyncio.to_thread(self._shutdown)
-
     async def recover(self) -> None:
         """Free cached memory and prove the engine generates; reload it if its thread died.
 
         Raises EngineDead when even that one-token generation fails.
         """
-        if self._dead is not None or self._thread is None or not self._thread.is_alive():
-            await asyncio.to_thread(self._reload)
+        if not self.thread_alive:
+            await asyncio.to_thread(self.reload)
         try:
-            await self._submit_and_wait(
-                EngineJob(
-                    -1, next(self._seq), "probe", GenerationRequest(prompt="Hi", max_tokens=1)
-                )
-            )
+            await self.submit_and_wait("probe", GenerationRequest(prompt="Hi", max_tokens=1))
         except WorkerError as exc:
             raise EngineDead(
                 f"the torch engine cannot generate after recovery ({exc.message}); "
                 "restart the worker"
             ) from exc
 
-    def _ensure_loaded(self) -> None:
-        with self._load_lock:
-            if self._model is None:
-                self._load()
+    @property
+    def loaded(self) -> bool:
+        """True while the model is loaded."""
+        return self._model is not None
 
-    def _load(self) -> None:
+    def load_model(self) -> None:
+        """Load torch, the model and the tokenizer (blocking)."""
         force_offline()
         try:
             import torch
@@ -175,9 +150,6 @@ class TorchEngine(Engine):
         if tokens.eos_token_id is not None:
             self._eos.add(tokens.eos_token_id)
         self.device = device
-        self._dead = None
-        self._thread = threading.Thread(target=self._serve, name="chainrt-torch", daemon=True)
-        self._thread.start()
 
     def _tokens(self) -> PromptTokenizer:
         if self._tokenizer is None:
@@ -186,72 +158,19 @@ class TorchEngine(Engine):
             self._tokenizer = PromptTokenizer(self.model_dir, engine="torch")
         return self._tokenizer
 
-    def _shutdown(self) -> None:
-        with self._load_lock:
-            thread, self._thread = self._thread, None
-            if thread is not None and thread.is_alive():
-                self._jobs.put(EngineJob(-2, next(self._seq), "stop"))
-                thread.join()
-            while True:  # fail whatever was still queued
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                job.sink(WorkerError("the torch engine was closed; start it again"))
-            self._model = None
-            self._free_cached(collect=True)
+    def unload_model(self) -> None:
+        """Drop the model and hand its cached device memory back."""
+        self._model = None
+        self._free_cached(collect=True)
 
-    def _reload(self) -> None:
-        self._shutdown()
-        self._ensure_loaded()
-
-    # -- async surface ---------------------------------------------------------------------
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate the whole answer; at the deadline, the text so far (``"deadline"``)."""
-        async for delta in self.stream(request):
-            if delta.result is not None:
-                return delta.result
-        raise EngineDead("the torch engine ended a generation without a result")  # unreachable
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
-        """Yield text pieces as tokens arrive; the last delta carries the whole result.
-
-        Closing the iterator stops the GPU thread's work at the next token.
-        """
+    def check_request(self, request: GenerationRequest) -> None:
+        """Refuse JSON-constrained requests (this engine has no constrained decoding)."""
         if request.json_output:
             raise WorkerError(
                 "the torch engine has no constrained (JSON) decoding; use the vllm or local "
                 "engine for json_output requests",
                 retryable=False,
             )
-        await self.start()
-        if self._dead is not None:
-            raise EngineDead(f"the torch engine is dead ({self._dead}); recover() reloads it")
-        job = EngineJob(request.priority, next(self._seq), "generate", request)
-        # aclosing: closing this stream must cancel the job now, not when the GC gets to it.
-        async with aclosing(stream_job(job, self._jobs)) as deltas:
-            async for delta in deltas:
-                yield delta
-
-    async def _submit_and_wait(self, job: EngineJob) -> GenerationResult:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[GenerationResult] = loop.create_future()
-
-        def sink(item: StreamDelta | BaseException) -> None:
-            def settle() -> None:
-                if done.done():
-                    return
-                if isinstance(item, BaseException):
-                    done.set_exception(item)
-                elif item.result is not None:
-                    done.set_result(item.result)
-
-            loop.call_soon_threadsafe(settle)
-
-        job.sink = sink
-        self._jobs.put(job)
-        return await done
 
     # -- accounting ------------------------------------------------------------------------
 
@@ -286,7 +205,7 @@ class TorchEngine(Engine):
             extra = {}
         extra.update(
             {
-                "queued": float(self._jobs.qsize()),
+                "queued": float(self.queued),
                 "context_tokens": float(self.context_tokens),
                 "oom_events": float(self.oom_events),
             }
@@ -300,48 +219,37 @@ class TorchEngine(Engine):
 
     # -- GPU thread ------------------------------------------------------------------------
 
-    def _serve(self) -> None:
-        """Body of the GPU thread: run jobs until told to stop; never dies on a job's error."""
-        while True:
-            job = self._jobs.get()
-            if job.kind == "stop":
-                return
-            if job.cancelled.is_set():
-                continue
-            oom: str | None = None
-            caught_at = 0.0
-            baseline = self._allocated()  # what is allocated before this request runs
-            outcome: StreamDelta | BaseException | None = None
-            try:
-                if job.kind == "probe":
-                    self._free_cached()
-                outcome = self._generate(job)
-            except WorkerError as exc:
-                outcome = exc
-            except Exception as exc:
-                # Keep only text: the exception's traceback pins this request's tensors.
-                if is_oom(exc, self._torch):
-                    caught_at = time.monotonic()
-                    oom = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-                else:
-                    self._dead = f"{type(exc).__name__}: {exc}"
-                    outcome = EngineDead(f"the torch engine failed: {self._dead}")
-            if oom is not None:
-                # Out of the except block the failed request's tensors are unreachable: free them.
-                # Refcounting has freed the request's tensors by now; a full collection (costly
-                # with torch loaded) runs only if something it allocated is still held.
-                self._free_cached(collect=self._allocated() > baseline)
-                self.oom_events += 1
-                self.last_oom_at = caught_at
-                self.last_oom_error = oom
-                request = job.request
-                outcome = EngineOOM(
-                    f"the torch engine ran out of {self.device} memory on request "
-                    f"{request.request_id if request and request.request_id else '?'} ({oom}); "
-                    "only this request failed, retry it or lower max_tokens"
-                )
-            assert outcome is not None
-            job.sink(outcome)
+    def run_job(self, job: EngineJob) -> StreamDelta | BaseException:
+        """A generation or a ``probe`` (on the GPU thread); an OOM fails this job alone."""
+        oom: str | None = None
+        caught_at = 0.0
+        baseline = self._allocated()  # what is allocated before this request runs
+        try:
+            if job.kind == "probe":
+                self._free_cached()
+            return self._generate(job)
+        except WorkerError as exc:
+            return exc
+        except Exception as exc:
+            # Keep only text: the exception's traceback pins this request's tensors.
+            if not is_oom(exc, self._torch):
+                self._dead = f"{type(exc).__name__}: {exc}"
+                return EngineDead(f"the torch engine failed: {self._dead}")
+            caught_at = time.monotonic()
+            oom = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        # Out of the except block the failed request's tensors are unreachable: free them.
+        # Refcounting has freed the request's tensors by now; a full collection (costly with
+        # torch loaded) runs only if something it allocated is still held.
+        self._free_cached(collect=self._allocated() > baseline)
+        self.oom_events += 1
+        self.last_oom_at = caught_at
+        self.last_oom_error = oom
+        request = job.request
+        return EngineOOM(
+            f"the torch engine ran out of {self.device} memory on request "
+            f"{request.request_id if request and request.request_id else '?'} ({oom}); "
+            "only this request failed, retry it or lower max_tokens"
+        )
 
     def _allocated(self) -> int:
         torch = self._torch

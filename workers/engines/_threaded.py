@@ -1,0 +1,204 @@
+"""The model-thread skeleton shared by the in-process engines (llama.cpp, torch).
+
+Neither a ``llama_cpp.Llama`` nor a torch model with its KV cache may be driven from two threads,
+so each of these engines gives its model one dedicated thread. :class:`ThreadedEngine` owns that
+thread and everything around it: the priority job queue (lower ``GenerationRequest.priority``
+first, then arrival order), loading and shutdown, failing what is still queued when the engine
+closes, the async surface (:meth:`~ThreadedEngine.stream` / :meth:`~ThreadedEngine.generate`
+through :func:`~workers.engines._bridge.stream_job`) and housekeeping jobs awaited by
+:meth:`~ThreadedEngine.submit_and_wait` (a cache reset, a health probe).
+
+A subclass says how to load and free its model and how to run one job on the model thread
+(:meth:`~ThreadedEngine.run_job`); it never touches the queue or the thread itself.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from chainrt.errors import EngineDead, WorkerError
+
+from ._base import Engine, GenerationRequest, GenerationResult, StreamDelta
+from ._bridge import EngineJob, stream_job
+
+__all__ = ["ThreadedEngine"]
+
+_STOP_PRIORITY = -2
+"""The stop job overtakes everything queued."""
+HOUSEKEEPING_PRIORITY = -1
+"""Resets and probes run ahead of every queued request."""
+
+
+class ThreadedEngine(Engine):
+    """An engine whose model lives on one thread that runs jobs one at a time, by priority."""
+
+    thread_name = "chainrt-engine"
+    """Name of the model thread (shows in thread dumps and profilers)."""
+
+    def __init__(self) -> None:
+        self._load_lock = threading.Lock()
+        self._jobs: queue.PriorityQueue[EngineJob] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._current: EngineJob | None = None
+        self._dead: str | None = None
+        """Why the engine is dead (None while it serves); set by the model thread."""
+
+    # -- what a subclass provides -------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def loaded(self) -> bool:
+        """True while a model is loaded."""
+
+    @abc.abstractmethod
+    def load_model(self) -> None:
+        """Load the model (blocking; called under the load lock, before the thread starts)."""
+
+    @abc.abstractmethod
+    def unload_model(self) -> None:
+        """Drop the model and free its memory (blocking; the thread has stopped)."""
+
+    @abc.abstractmethod
+    def run_job(self, job: EngineJob) -> StreamDelta | BaseException:
+        """Run one job on the model thread; return the final delta or the job's error.
+
+        Text pieces go to ``job.sink`` as they are made. Errors a request can cause are returned,
+        not raised; an exception that escapes marks the engine dead.
+        """
+
+    def check_request(self, request: GenerationRequest) -> None:
+        """Refuse a request this engine cannot serve before it is queued (default: accept)."""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the model and start its thread (idempotent; also done lazily on first use)."""
+        if not self.loaded:
+            await asyncio.to_thread(self.ensure_loaded)
+
+    async def close(self) -> None:
+        """Stop the model thread (pending requests fail with WorkerError) and free the model."""
+        await asyncio.to_thread(self._shutdown)
+
+    def ensure_loaded(self) -> None:
+        """Load the model and start the model thread unless already done (blocking)."""
+        with self._load_lock:
+            if not self.loaded:
+                self.load_model()
+                self._dead = None
+                self._thread = threading.Thread(
+                    target=self._serve, name=self.thread_name, daemon=True
+                )
+                self._thread.start()
+
+    @property
+    def thread_alive(self) -> bool:
+        """True while the engine serves: its thread runs and it is not marked dead."""
+        return self._dead is None and self._thread is not None and self._thread.is_alive()
+
+    def reload(self) -> None:
+        """Stop, free and load the model again, in this process (blocking)."""
+        self._shutdown()
+        self.ensure_loaded()
+
+    def _shutdown(self) -> None:
+        with self._load_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None and thread.is_alive():
+                current = self._current
+                if current is not None:
+                    current.cancelled.set()
+                self._jobs.put(EngineJob(_STOP_PRIORITY, next(self._seq), "stop"))
+                thread.join()
+            closed = WorkerError(f"the {self.name} engine was closed; start it again")
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                job.sink(closed)
+            self.unload_model()
+
+    # -- async surface ------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate the whole answer; at the deadline, the text so far (``"deadline"``)."""
+        async for delta in self.stream(request):
+            if delta.result is not None:
+                return delta.result
+        raise EngineDead(f"the {self.name} engine ended a generation without a result")
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Yield text pieces as tokens arrive; the last delta carries the whole result.
+
+        Closing or cancelling the consumer stops the model thread at its next token.
+        """
+        self.check_request(request)
+        await self.start()
+        if self._dead is not None:
+            raise EngineDead(f"the {self.name} engine is dead ({self._dead}); recover() reloads it")
+        job = EngineJob(request.priority, next(self._seq), "generate", request)
+        # aclosing: closing this stream must cancel the job now, not when the GC gets to it.
+        async with aclosing(stream_job(job, self._jobs)) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def submit_and_wait(
+        self, kind: str, request: GenerationRequest | None = None
+    ) -> StreamDelta:
+        """Run a housekeeping job (``kind``) ahead of every queued request; its final delta.
+
+        The job's error, if any, is raised here.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[StreamDelta] = loop.create_future()
+
+        def sink(item: StreamDelta | BaseException) -> None:
+            def settle() -> None:
+                if done.done():
+                    return
+                if isinstance(item, BaseException):
+                    done.set_exception(item)
+                elif item.result is not None or not item.text:  # the final delta
+                    done.set_result(item)
+
+            loop.call_soon_threadsafe(settle)
+
+        job = EngineJob(HOUSEKEEPING_PRIORITY, next(self._seq), kind, request, sink=sink)
+        self._jobs.put(job)
+        return await done
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for the model thread."""
+        return self._jobs.qsize()
+
+    # -- model thread -------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Body of the model thread: run jobs until told to stop; never dies on a job's error."""
+        while True:
+            job = self._jobs.get()
+            if job.kind == "stop":
+                return
+            if job.cancelled.is_set():
+                continue
+            if not self.loaded:
+                job.sink(EngineDead(f"the {self.name} engine has no model loaded"))
+                continue
+            self._current = job
+            try:
+                outcome = self.run_job(job)
+            except Exception as exc:  # a bug must fail one request, not the thread
+                self._dead = f"{type(exc).__name__}: {exc}"
+                outcome = EngineDead(f"the {self.name} engine failed unexpectedly: {self._dead}")
+            finally:
+                self._current = None
+            job.sink(outcome)
