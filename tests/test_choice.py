@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from chainrt.dispatch._choice import Candidate, choose, weight
-from chainrt.dispatch._latency import LatencyTracker, median, too_slow
+from chainrt.dispatch._latency import (
+    LatencyTracker,
+    Sample,
+    estimate_prompt_tokens,
+    expected_seconds,
+    median,
+    too_slow,
+    work_units,
+)
 from chainrt.dispatch._policy import (
     Failure,
     MoveOn,
@@ -13,6 +21,7 @@ from chainrt.dispatch._policy import (
     Retry,
     attempt_end,
     decide_retry,
+    fallback_need,
     reserve_for,
 )
 
@@ -106,7 +115,11 @@ def test_too_slow(p50: float | None, left: float, keep_partial: bool, expected: 
         ([NextCandidate("local", 0.2, 0.3)], 2.0, 0.6),  # its p90 × 2
         ([NextCandidate("local", 0.25)], 2.0, 0.5),  # no p90: its p50 × 2
         ([NextCandidate("local", None)], 2.0, 0.5),  # unknown: a quarter of the time left
-        ([NextCandidate("local", 0.9, 1.5)], 2.0, 1.0),  # capped at half the time left
+        # The margin is trimmed to leave half the time left; the expected 1.5 s is kept whole
+        # (issue 14: a hung primary must not starve the fallback that answers in time).
+        ([NextCandidate("local", 0.9, 1.5)], 2.0, 1.5),
+        ([NextCandidate("local", 0.4, 0.6)], 2.0, 1.0),  # 2 × 0.6 trimmed to half of 2 s
+        ([NextCandidate("local", 1.5, 2.5)], 2.0, 2.0),  # p90 past the time left: all of it
         ([NextCandidate("local", 3.0, 4.0)], 2.0, 0.0),  # cannot fit anyway: no reserve for it
         ([NextCandidate("down", 0.1, usable=False), NextCandidate("local", 0.2, 0.3)], 2.0, 0.6),
         ([NextCandidate("local", 3.0), NextCandidate("static", static=True)], 2.0, 0.0),
@@ -116,6 +129,83 @@ def test_too_slow(p50: float | None, left: float, keep_partial: bool, expected: 
 )
 def test_reserve_for(rest: list[NextCandidate], left: float, expected: float) -> None:
     assert reserve_for(rest, left, keep_partial=False) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("rest", "left", "expected"),
+    [
+        ([], 2.0, 0.0),
+        ([NextCandidate("local", None)], 2.0, 0.0),  # unknown: nothing is known to be needed
+        ([NextCandidate("local", 0.2, 0.3)], 2.0, 0.3),  # its p90, no margin
+        ([NextCandidate("local", 0.2)], 2.0, 0.2),  # no p90: its median
+        ([NextCandidate("local", 0.1, 0.2, in_flight=3)], 2.0, 0.5),  # + 3 medians of queue
+        ([NextCandidate("local", 0.9, 2.5)], 2.0, 2.0),  # never more than the time left
+        ([NextCandidate("static", static=True), NextCandidate("local", 0.2, 0.3)], 2.0, 0.0),
+        ([NextCandidate("down", 0.1, usable=False), NextCandidate("local", 0.2, 0.3)], 2.0, 0.3),
+    ],
+)
+def test_fallback_need(rest: list[NextCandidate], left: float, expected: float) -> None:
+    assert fallback_need(rest, left, keep_partial=False) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("reserve", "own_p50", "keep", "expected"),
+    [
+        (5.0, 3.0, 0.0, 6.0),  # 2 × its own p50 beats the reserve's margin ...
+        (5.0, 4.5, 2.0, 8.0),  # ... but stops where the fallback's expected need begins
+        (5.0, 3.0, 5.0, 5.0),  # ... which it never eats into
+        (1.0, None, 1.0, 9.0),  # unknown own latency: the reserve rules
+    ],
+)
+def test_attempt_end_keeps_the_fallbacks_need(
+    reserve: float, own_p50: float | None, keep: float, expected: float
+) -> None:
+    end = attempt_end(
+        0.0, 10.0, reserve_s=reserve, own_p50_s=own_p50, attempt_timeout_s=None, keep_s=keep
+    )
+    assert end == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("samples", "prompt", "max_tokens", "q", "expected"),
+    [
+        ([], 10, 10, 0.9, None),
+        # 1 s for 4 + 0.1 × 60 + 10 = 20 units: 50 ms a unit; 20 + 0.1 × 60 + 4 = 30 units.
+        ([Sample(1.0, 60, 10)], 60, 20, 0.9, 1.5),
+        ([Sample(1.0, 60, 10)], 0, 16, 0.5, 1.0),  # a shorter prompt, more tokens: same work
+        # Rates 10, 20, 30 ms a unit (20 units each): median 20 ms, p90 30 ms; 50 units asked.
+        ([Sample(0.2, 60, 10), Sample(0.4, 60, 10), Sample(0.6, 60, 10)], 60, 40, 0.5, 1.0),
+        ([Sample(0.2, 60, 10), Sample(0.4, 60, 10), Sample(0.6, 60, 10)], 60, 40, 0.9, 1.5),
+    ],
+)
+def test_expected_seconds_scales_with_the_request(
+    samples: list[Sample], prompt: int, max_tokens: int, q: float, expected: float | None
+) -> None:
+    got = expected_seconds(samples, prompt, max_tokens, q)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_tracker_baseline_stands_in_until_answers_arrive() -> None:
+    tracker = LatencyTracker(size=5, min_samples=2, max_age_s=10.0)
+    size = {"prompt_tokens": 60, "max_tokens": 10}
+    assert tracker.expected("local", 0.0, q=0.9, **size) is None
+    tracker.record("local", 4.0, now=0.0, prompt_tokens=60, completion_tokens=10)
+    assert tracker.expected("local", 0.0, q=0.9, **size) is None  # one answer is too few
+    tracker.set_baseline("local", [Sample(1.0, 60, 10)])
+    assert tracker.has_baseline("local")
+    # One answer and the baseline together: the slower one is the 90th percentile.
+    assert tracker.expected("local", 0.0, q=0.9, **size) == pytest.approx(4.0)
+    tracker.record("local", 2.0, now=1.0, prompt_tokens=60, completion_tokens=10)
+    # Enough answers: the baseline no longer counts.
+    assert tracker.expected("local", 1.0, q=0.5, **size) == pytest.approx(3.0)
+    # The answers age out: the baseline stands in again.
+    assert tracker.expected("local", 12.0, q=0.5, **size) == pytest.approx(1.0)
+
+
+def test_prompt_tokens_estimate() -> None:
+    assert estimate_prompt_tokens([]) == 0
+    assert estimate_prompt_tokens([("user", "x" * 40)]) == 14  # 10 + 4 for the template
+    assert work_units(0, 0) == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize(

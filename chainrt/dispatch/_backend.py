@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BackendError, WorkerError
 from ..wire import PRIORITIES
+from ._latency import Sample
 from ._types import LlmCall
 
 __all__ = ["BackendAnswer", "BackendError", "LocalBackend", "ModelBackend"]
@@ -65,13 +68,33 @@ class ModelBackend(abc.ABC):
         """Pay one-time costs (loading a model) before a run's budget clock starts."""
         return None
 
+    def baseline(self) -> tuple[Sample, ...]:
+        """Answers measured when the model was loaded (by :meth:`prepare`); empty when none.
+
+        Dispatch expects this model's latency from them until real answers arrive.
+        """
+        return ()
+
     async def close(self) -> None:
         """Release connections."""
         return None
 
 
+CALIBRATION_PROMPT = "Count from one to twenty, separated by commas."
+CALIBRATION_TOKENS = 16
+"""The generation measured when the local model loads: short, deterministic, a typical rate."""
+
+_calibrations: dict[int, tuple[Sample, ...]] = {}
+"""Measured baselines by ``id(engine)``: the process-wide engine is measured once."""
+
+
 class LocalBackend(ModelBackend):
-    """The in-process small model (SmolLM2 on llama.cpp), loaded lazily on first use."""
+    """The in-process small model (SmolLM2 on llama.cpp), loaded lazily on first use.
+
+    :meth:`prepare` loads it and, the first time, measures one short generation (after a
+    one-token warm-up): its latency is the model's :meth:`baseline`, so that a step's reserve
+    for the local fallback is sized before the model has answered any real request.
+    """
 
     def available(self) -> bool:
         return True
@@ -79,12 +102,20 @@ class LocalBackend(ModelBackend):
     async def prepare(self) -> None:
         from workers.engines import get_local_engine
 
+        engine = get_local_engine()
         try:
-            await get_local_engine().start()
+            await engine.start()
+            if id(engine) not in _calibrations:
+                _calibrations[id(engine)] = await _measure(engine)
         except WorkerError as exc:
             raise BackendError(
                 f"local model failed to load: {exc.message}", error_class="engine", retryable=False
             ) from exc
+
+    def baseline(self) -> tuple[Sample, ...]:
+        from workers.engines import get_local_engine
+
+        return _calibrations.get(id(get_local_engine()), ())
 
     async def complete(
         self,
@@ -122,3 +153,21 @@ class LocalBackend(ModelBackend):
             completion_tokens=result.completion_tokens,
             endpoint="in-process",
         )
+
+
+async def _measure(engine: Any) -> tuple[Sample, ...]:
+    """One warm-up token, then the calibration generation, timed."""
+    from workers.engines import ChatMessage, GenerationRequest
+
+    def request(max_tokens: int) -> Any:
+        return GenerationRequest(
+            messages=[ChatMessage("user", CALIBRATION_PROMPT)],
+            max_tokens=max_tokens,
+            request_id="chainrt-calibration",
+        )
+
+    await engine.generate(request(1))
+    started = time.perf_counter()
+    result = await engine.generate(request(CALIBRATION_TOKENS))
+    seconds = time.perf_counter() - started
+    return (Sample(seconds, result.prompt_tokens, result.completion_tokens),)

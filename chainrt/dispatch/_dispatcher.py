@@ -1,9 +1,10 @@
 """The dispatch loop: primary, retries and fallbacks, all inside the step's deadline (DESIGN §7).
 
 For each model in ``[call.model, *call.fallbacks]`` the loop asks the pure functions of
-:mod:`._policy` and :mod:`._latency` what to do — skip the model (no usable endpoint, or its recent
-p50 cannot fit the time left), when to cut this attempt (keeping the next fallback's usual time in
-reserve), and after a failure whether a retry fits (tenacity drives the retries, the decision is
+:mod:`._policy` and :mod:`._latency` what to do — skip the model (no usable endpoint, or its
+expected median for this request's size cannot fit the time left), when to cut this attempt
+(keeping the next fallback's expected time in reserve: measured at load for the in-process model,
+then refreshed by its answers), and after a failure whether a retry fits (tenacity drives the retries, the decision is
 :func:`~._policy.decide_retry`). It only awaits backends and sleeps. Every attempt lands in the
 attempt log with its endpoint, status, milliseconds and why the loop moved on; the static answer,
 when the step has one, closes the list.
@@ -23,7 +24,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from ..errors import BackendError, DispatchFailed, NoEndpoint
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, ModelBackend
-from ._latency import LatencyTracker, too_slow
+from ._latency import LatencyTracker, estimate_prompt_tokens, too_slow
 from ._policy import (
     MIN_ATTEMPT_S,
     Failure,
@@ -32,6 +33,7 @@ from ._policy import (
     Retry,
     attempt_end,
     decide_retry,
+    fallback_need,
     reserve_for,
 )
 from ._types import LlmAnswer, LlmCall
@@ -54,7 +56,8 @@ class Dispatcher:
         self._backends = dict(backends)
         self._in_flight: dict[str, int] = {}
         self.latency = latency or LatencyTracker()
-        """Recent answer times per model (p50 decides skips, p90 reserves, p50 stuck cuts)."""
+        """Recent answer times per model and per ``model@endpoint``, with their sizes (the
+        expected median decides skips and stuck cuts, the 90th percentile reserves)."""
 
     @property
     def models(self) -> list[str]:
@@ -111,17 +114,29 @@ class Dispatcher:
             )
         raise DispatchFailed(f"no model answered step {call.step_id!r}: {summary}", attempts)
 
-    def next_candidates(self, names: list[str], call: LlmCall) -> list[NextCandidate]:
+    def expected(self, key: str, call: LlmCall, max_tokens: int, q: float) -> float | None:
+        """The ``q`` quantile of the seconds ``key`` is expected to need for ``call``."""
+        return self.latency.expected(
+            key,
+            time.monotonic(),
+            prompt_tokens=estimate_prompt_tokens(call.messages),
+            max_tokens=max_tokens,
+            q=q,
+        )
+
+    def next_candidates(
+        self, names: list[str], call: LlmCall, max_tokens: int | None = None
+    ) -> list[NextCandidate]:
         """The fallbacks still to come (and the static answer), as the reserve sees them."""
-        now = time.monotonic()
+        tokens = call.max_tokens if max_tokens is None else max_tokens
         out = []
         for name in names:
             backend = self._backends.get(name)
             out.append(
                 NextCandidate(
                     name,
-                    self.latency.p50(name, now),
-                    self.latency.p90(name, now),
+                    self.expected(name, call, tokens, 0.5),
+                    self.expected(name, call, tokens, 0.9),
                     usable=backend is not None and backend.available(),
                     in_flight=self._in_flight.get(name, 0),
                 )
@@ -136,6 +151,10 @@ class Dispatcher:
             backend = self._backends.get(model)
             if backend is not None:
                 await backend.prepare()
+                if not self.latency.has_baseline(model):
+                    baseline = backend.baseline()
+                    if baseline:
+                        self.latency.set_baseline(model, baseline)
 
     async def close(self) -> None:
         """Close every backend."""
@@ -212,15 +231,17 @@ class _ModelTry:
         if left < MIN_ATTEMPT_S:
             self._log("skipped", 0.0, None, "no time left")
             raise _Skipped("no time left")
-        p50 = self.d.latency.p50(model, time.monotonic())
+        p50 = self.d.expected(model, call, self.max_tokens, 0.5)
         if too_slow(p50, left, keep_partial=call.keep_partial):
             assert p50 is not None
-            why = f"its recent p50 of {p50 * 1000:.0f}ms does not fit the {left * 1000:.0f}ms left"
+            why = (
+                f"its expected p50 of {p50 * 1000:.0f}ms for this request does not fit the "
+                f"{left * 1000:.0f}ms left"
+            )
             self._log("skipped", 0.0, None, why)
             raise _Skipped(why)
-        self.reserve_s = reserve_for(
-            self.d.next_candidates(self.rest, call), left, keep_partial=call.keep_partial
-        )
+        rest = self.d.next_candidates(self.rest, call, self.max_tokens)
+        self.reserve_s = reserve_for(rest, left, keep_partial=call.keep_partial)
         end = attempt_end(
             now,
             self.deadline,
@@ -232,6 +253,7 @@ class _ModelTry:
             retry_elsewhere=self.tries_used < call.attempts
             and self.backend.usable_count(frozenset(self.avoid)) >= 2,
             fallback_next=self.reserve_s > 0,
+            keep_s=fallback_need(rest, left, keep_partial=call.keep_partial),
         )
         started = time.perf_counter()
         # The attempt's number goes with the call: interceptors of the backend (tracing) read it.
@@ -260,7 +282,7 @@ class _ModelTry:
         elapsed = (time.perf_counter() - started) * 1000
         status = "ok" if got.finish_reason != "deadline" else "deadline"
         if status == "ok":
-            self.d.latency.record(model, elapsed / 1000, time.monotonic())
+            self._record(got, elapsed / 1000)
         self._log(status, elapsed, got.endpoint, None)
         return LlmAnswer(
             text=got.text,
@@ -271,6 +293,18 @@ class _ModelTry:
             completion_tokens=got.completion_tokens,
             attempts=self.attempts,
         )
+
+    def _record(self, got: BackendAnswer, seconds: float) -> None:
+        """An answer's time and size, for the model and for its endpoint."""
+        prompt = got.prompt_tokens or estimate_prompt_tokens(self.call.messages)
+        now = time.monotonic()
+        keys = (
+            [self.model] if got.endpoint is None else [self.model, f"{self.model}@{got.endpoint}"]
+        )
+        for key in keys:
+            self.d.latency.record(
+                key, seconds, now, prompt_tokens=prompt, completion_tokens=got.completion_tokens
+            )
 
     def _log(
         self, status: str, elapsed_ms: float, endpoint: str | None, detail: str | None

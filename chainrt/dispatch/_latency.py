@@ -1,29 +1,103 @@
-"""Recent latency of each candidate model: the median of its last N answers (DESIGN §7).
+"""Recent latency of each candidate model and endpoint, by request size (DESIGN §7).
 
-Dispatch uses it twice: a model whose median cannot fit the time left is skipped, and a primary's
-attempt is cut short to leave the next fallback the time it needs (its 90th percentile: a
-fallback is used in bursts, when its queue is longest). Only answers are
-recorded (a timeout says "at least this long", which a median cannot use), and samples older than
-``max_age_s`` are forgotten, so a model skipped for being slow is tried again once its old figures
-age out. Time is passed in; nothing here reads a clock.
+Dispatch uses it three ways: a model whose expected time cannot fit the time left is skipped; a
+primary's attempt is cut short to leave the next fallback the time it is expected to need (its
+90th percentile: a fallback is used in bursts, when its queue is longest); a hedged attempt
+starts when the first one is slower than its endpoint's recent 95th percentile.
+
+Answers of different sizes take different times, so a sample is kept with its size and turned
+into *seconds per unit of work* (:func:`work_units`: a fixed overhead, the prompt at a fraction
+of a generated token's cost, and each generated token). A request's expected time is a quantile
+of those rates times the request's own work, counted with its ``max_tokens`` (the most it may
+generate: a reserve must cover the long answer, not the usual one).
+
+A model with no answers yet may have a *baseline*: samples measured when it was loaded (the
+in-process model measures one short generation, see :class:`~._backend.LocalBackend`). The
+baseline stands in until enough real answers arrive, then real answers refresh the figure.
+Only answers are recorded (a timeout says "at least this long", which a quantile cannot use),
+and samples older than ``max_age_s`` are forgotten, so a model skipped for being slow is tried
+again once its old figures age out. Time is passed in; nothing here reads a clock.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LatencyTracker", "median", "too_slow"]
+__all__ = [
+    "OVERHEAD_UNITS",
+    "PREFILL_WEIGHT",
+    "LatencyTracker",
+    "Sample",
+    "estimate_prompt_tokens",
+    "expected_seconds",
+    "median",
+    "quantile",
+    "too_slow",
+    "work_units",
+]
+
+OVERHEAD_UNITS = 4.0
+"""Fixed cost of any request (HTTP, scheduling, the first token), in generated-token units."""
+PREFILL_WEIGHT = 0.1
+"""Cost of one prompt token relative to one generated token (prompts are processed in batches)."""
+CHARS_PER_TOKEN = 4.0
+"""Rough characters per token, to size a prompt before it is tokenised."""
+TOKENS_PER_MESSAGE = 4
+"""Chat-template tokens added around each message."""
 
 
-def median(values: list[float]) -> float:
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One answer: how long it took and how big it was."""
+
+    seconds: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def work_units(prompt_tokens: int, completion_tokens: int) -> float:
+    """The work of a request in generated-token units (always > 0)."""
+    return OVERHEAD_UNITS + PREFILL_WEIGHT * max(prompt_tokens, 0) + max(completion_tokens, 0)
+
+
+def estimate_prompt_tokens(messages: Sequence[tuple[str, str]]) -> int:
+    """A prompt's size in tokens, estimated from its characters (no tokenizer needed)."""
+    chars = sum(len(content) for _, content in messages)
+    return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+
+
+def median(values: Sequence[float]) -> float:
     """The median (mean of the two middle values for an even count); values must not be empty."""
     ordered = sorted(values)
     middle = len(ordered) // 2
     if len(ordered) % 2:
         return ordered[middle]
     return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank; ``q`` = 0.5 is the median); values must not be empty."""
+    if q == 0.5:
+        return median(values)
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(math.ceil(q * len(ordered)) - 1, 0))]
+
+
+def expected_seconds(
+    samples: Sequence[Sample], prompt_tokens: int, max_tokens: int, q: float
+) -> float | None:
+    """The ``q`` quantile of the time a request of this size takes, judged from ``samples``.
+
+    None without samples. Each sample's seconds per work unit is one observation; the request's
+    work counts all of its ``max_tokens``.
+    """
+    if not samples:
+        return None
+    rates = [s.seconds / work_units(s.prompt_tokens, s.completion_tokens) for s in samples]
+    return quantile(rates, q) * work_units(prompt_tokens, max_tokens)
 
 
 def too_slow(p50_s: float | None, left_s: float, *, keep_partial: bool) -> bool:
@@ -37,12 +111,12 @@ def too_slow(p50_s: float | None, left_s: float, *, keep_partial: bool) -> bool:
 
 @dataclass(slots=True)
 class _Window:
-    samples: deque[tuple[float, float]]
-    """(when, seconds)"""
+    samples: deque[tuple[float, Sample]]
+    """(when, sample)"""
 
 
 class LatencyTracker:
-    """The last ``size`` answer latencies of each key (a model name)."""
+    """The last ``size`` answers of each key (a model name, or ``model@endpoint``)."""
 
     def __init__(self, *, size: int = 20, min_samples: int = 3, max_age_s: float = 60.0) -> None:
         if size < 1 or not 1 <= min_samples <= size:
@@ -53,33 +127,66 @@ class LatencyTracker:
         self.min_samples = min_samples
         self.max_age_s = max_age_s
         self._windows: dict[str, _Window] = {}
+        self._baselines: dict[str, tuple[Sample, ...]] = {}
 
-    def record(self, key: str, seconds: float, now: float) -> None:
+    def record(
+        self,
+        key: str,
+        seconds: float,
+        now: float,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
         """Remember one answer of ``key`` that took ``seconds``, finished at ``now``."""
         window = self._windows.get(key)
         if window is None:
             window = self._windows[key] = _Window(deque(maxlen=self.size))
-        window.samples.append((now, seconds))
+        window.samples.append((now, Sample(seconds, prompt_tokens, completion_tokens)))
+
+    def set_baseline(self, key: str, samples: Sequence[Sample]) -> None:
+        """Samples measured at load, used while ``key`` has fewer than ``min_samples`` answers."""
+        self._baselines[key] = tuple(samples)
+
+    def has_baseline(self, key: str) -> bool:
+        """True when :meth:`set_baseline` gave ``key`` samples."""
+        return bool(self._baselines.get(key))
 
     def p50(self, key: str, now: float) -> float | None:
         """Median seconds of ``key``'s recent answers; None with fewer than ``min_samples``."""
         values = self._recent(key, now)
-        return None if values is None else median(values)
+        return None if values is None else median([s.seconds for s in values])
 
     def p90(self, key: str, now: float) -> float | None:
         """90th percentile (nearest rank) of ``key``'s recent answers; None like :meth:`p50`."""
         values = self._recent(key, now)
-        if values is None:
-            return None
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+        return None if values is None else quantile([s.seconds for s in values], 0.9)
 
-    def _recent(self, key: str, now: float) -> list[float] | None:
+    def expected(
+        self, key: str, now: float, *, prompt_tokens: int, max_tokens: int, q: float
+    ) -> float | None:
+        """The ``q`` quantile of the time ``key`` needs for a request of this size.
+
+        From its recent answers, with its baseline added while they are fewer than
+        ``min_samples``; None when there is nothing to go by (an answer or two without a
+        baseline are too few to trust).
+        """
+        values = self._young(key, now)
+        if len(values) < self.min_samples:
+            baseline = self._baselines.get(key)
+            if not baseline:
+                return None
+            values += baseline
+        return expected_seconds(values, prompt_tokens, max_tokens, q)
+
+    def _recent(self, key: str, now: float) -> list[Sample] | None:
+        values = self._young(key, now)
+        return values if len(values) >= self.min_samples else None
+
+    def _young(self, key: str, now: float) -> list[Sample]:
         window = self._windows.get(key)
         if window is None:
-            return None
+            return []
         while window.samples and now - window.samples[0][0] > self.max_age_s:
             window.samples.popleft()
-        if len(window.samples) < self.min_samples:
-            return None
-        return [seconds for _, seconds in window.samples]
+        return [sample for _, sample in window.samples]

@@ -2,11 +2,13 @@
 
 Three questions, each answered without I/O (the loop in ``_dispatcher`` only awaits and sleeps):
 
-* :func:`reserve_for` — how much of the time left to keep for the next fallback (its recent
-  90th-percentile answer time, with a margin), so that a primary that hangs cannot eat the whole
-  allotment;
+* :func:`reserve_for` — how much of the time left to keep for the next fallback (its expected
+  90th-percentile time for this request's size, with a margin), so that a primary that hangs
+  cannot eat the whole allotment. The margin may be trimmed to leave the current candidate half
+  the time left; the expected time itself (:func:`fallback_need`) never is;
 * :func:`attempt_end` — when this attempt is cut off: the step deadline minus that reserve, but
-  never below what this candidate usually needs, never past ``attempt_timeout``, and no later
+  never below what this candidate usually needs (unless that would eat into the fallback's
+  expected time), never past ``attempt_timeout``, and no later
   than 3× its usual answer time when another endpoint of the same model could take a retry
   (5× when only a fallback model could): a model that slow is stuck, not busy;
 * :func:`decide_retry` — after a failure: retry now, retry after a wait, or move on to the next
@@ -39,6 +41,7 @@ __all__ = [
     "Retry",
     "attempt_end",
     "decide_retry",
+    "fallback_need",
     "reserve_for",
 ]
 
@@ -50,7 +53,8 @@ needed exactly when things are slow, and a reserve too short wastes the whole at
 UNKNOWN_RESERVE_SHARE = 0.25
 """Share of the time left kept for a next fallback whose latency is not known yet."""
 MAX_RESERVE_SHARE = 0.5
-"""The reserve never takes more than this share of the time left from the current candidate."""
+"""The reserve's margin (beyond the fallback's expected time) is trimmed so that the current
+candidate keeps this share of the time left; the expected time itself is always kept."""
 OWN_FLOOR_FACTOR = 2.0
 """A candidate's attempt is never cut below its own median times this (when that fits)."""
 STUCK_FACTOR = 3.0
@@ -76,24 +80,53 @@ class NextCandidate:
     """Attempts on it in flight now: when many steps fall back at once, they queue there."""
 
 
+def _next_tried(
+    rest: Sequence[NextCandidate], left_s: float, keep_partial: bool
+) -> NextCandidate | None:
+    """The first of ``rest`` that would be tried (None: nothing, or the static answer)."""
+    for candidate in rest:
+        if candidate.static:
+            return None
+        if not candidate.usable or too_slow(candidate.p50_s, left_s, keep_partial=keep_partial):
+            continue
+        return candidate
+    return None
+
+
+def fallback_need(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: bool) -> float:
+    """Seconds the next fallback that would be tried is expected to need, queue included.
+
+    Its 90th percentile (or median) for this request, plus the median of each attempt already
+    waiting there; zero when it is unknown or nothing (or the static answer) comes next. The
+    current candidate is never given time out of this (only out of the reserve's margin).
+    """
+    candidate = _next_tried(rest, left_s, keep_partial)
+    if candidate is None:
+        return 0.0
+    known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
+    if known is None:
+        return 0.0
+    return min(known + candidate.in_flight * (candidate.p50_s or known), left_s)
+
+
 def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: bool) -> float:
     """Seconds to keep free for the first fallback in ``rest`` that would actually be tried.
 
+    Its expected need times :data:`RESERVE_FACTOR` (plus its queue), the margin trimmed so the
+    current candidate keeps :data:`MAX_RESERVE_SHARE` of the time left, but never below
+    :func:`fallback_need`; a quarter of the time left for a fallback whose latency is unknown.
     Zero when the next thing to try is the static answer, or nothing: then the current candidate
     may use every millisecond left.
     """
-    for candidate in rest:
-        if candidate.static:
-            return 0.0
-        if not candidate.usable or too_slow(candidate.p50_s, left_s, keep_partial=keep_partial):
-            continue
-        known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
-        if known is None:
-            need = left_s * UNKNOWN_RESERVE_SHARE
-        else:
-            need = known * RESERVE_FACTOR + candidate.in_flight * (candidate.p50_s or known)
-        return min(need, left_s * MAX_RESERVE_SHARE)
-    return 0.0
+    candidate = _next_tried(rest, left_s, keep_partial)
+    if candidate is None:
+        return 0.0
+    known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
+    if known is None:
+        return left_s * UNKNOWN_RESERVE_SHARE
+    generous = known * RESERVE_FACTOR + candidate.in_flight * (candidate.p50_s or known)
+    bare = fallback_need(rest, left_s, keep_partial=keep_partial)
+    return min(generous, max(bare, left_s * MAX_RESERVE_SHARE), left_s)
 
 
 def attempt_end(
@@ -105,17 +138,21 @@ def attempt_end(
     attempt_timeout_s: float | None,
     retry_elsewhere: bool = False,
     fallback_next: bool = False,
+    keep_s: float = 0.0,
 ) -> float:
     """When an attempt starting at ``now`` is cut off (same clock as ``deadline``).
 
     ``retry_elsewhere``: a try is left and another endpoint of this model is usable now.
     ``fallback_next``: a fallback model would be tried after this one.
+    ``keep_s``: what the next fallback is expected to need (:func:`fallback_need`): never given
+    to this attempt.
     """
     end = deadline - reserve_s
     if own_p50_s is not None:
-        # A primary that usually needs 800 ms is not cut at 500 ms to keep a fallback's reserve:
-        # that would turn every one of its answers into a timeout.
-        end = max(end, now + own_p50_s * OWN_FLOOR_FACTOR)
+        # A primary that usually needs 800 ms is not cut at 500 ms to keep a fallback's reserve
+        # margin: that would turn every one of its answers into a timeout. The fallback's own
+        # expected time stays out of reach, so a primary gone slow cannot starve it.
+        end = max(end, min(now + own_p50_s * OWN_FLOOR_FACTOR, deadline - keep_s))
         # A model answering several times slower than usual is stuck (a spike, a hung worker):
         # the same model elsewhere, or failing that a fallback, answers sooner than waiting.
         factor = (

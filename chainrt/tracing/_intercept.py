@@ -30,6 +30,7 @@ from .._result import RunResult
 from .._run import RunCall, RunInterceptor, RunStart, StepCall, StepStart
 from ..concurrency import Holding, KeyRequest, KeyState, Limiter
 from ..dispatch._backend import BackendAnswer, BackendError, ModelBackend
+from ..dispatch._latency import Sample
 from ..dispatch._types import LlmCall
 from ..store._protocol import CheckpointStore
 from ..store._records import (
@@ -261,6 +262,10 @@ class TracedBackend(ModelBackend):
     async def prepare(self) -> None:
         """Passed through."""
         await self.inner.prepare()
+
+    def baseline(self) -> tuple[Sample, ...]:
+        """Passed through."""
+        return self.inner.baseline()
 
     async def close(self) -> None:
         """Passed through."""
