@@ -6,7 +6,7 @@ Nothing else in chainrt calls ``os.getenv`` for its own settings; OpenTelemetry'
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -52,5 +52,18 @@ class Settings(BaseSettings):
 
 
 def get_settings() -> Settings:
-    """Read the settings from the environment now (cheap; not cached so tests can change env)."""
-    return Settings()
+    """Read the settings from the environment now (cheap; not cached so tests can change env).
+
+    A value that does not parse is an :class:`~chainrt.InputError` naming the variable, in one line.
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        from ._errors import InputError
+
+        problems = [
+            f"CHAINRT_{str(e['loc'][0]).upper()}={e.get('input')!r}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+            if e["loc"]
+        ]
+        raise InputError("bad setting " + "; ".join(problems or [str(exc)])) from None

@@ -164,3 +164,16 @@ def test_version(tmp_path: Path) -> None:
     done = chainrt_cli("--version", env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"chainrt {chainrt.__version__}"
+
+
+def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path: Path) -> None:
+    env = {**os.environ, "CHAINRT_LEASE_TTL_S": "-1", "CHAINRT_LOCAL_THREADS": "many"}
+    env["CHAINRT_STORE"] = f"sqlite:///{tmp_path / 'runs.db'}"
+    (tmp_path / "c.yaml").write_text("name: c\nbudget: 1s\nsteps:\n  - id: a\n    tool: t.py:f\n")
+    (tmp_path / "t.py").write_text("def f() -> int:\n    return 1\n")
+    done = chainrt_cli("run", str(tmp_path / "c.yaml"), "--input", "{}", env=env)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("chainrt: bad setting CHAINRT_LEASE_TTL_S='-1': ")
+    assert "CHAINRT_LOCAL_THREADS='many'" in lines[0]

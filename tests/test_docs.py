@@ -1,0 +1,95 @@
+"""The docs stay true: every YAML snippet loads, every setting and worker flag is documented,
+every relative link points at a file of the repository."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from chainrt._settings import Settings
+from chainrt.dispatch import parse_pool_config
+from chainrt.spec import parse_spec, parse_yaml
+from workers.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+FENCE = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+
+
+def snippets() -> list[tuple[str, str]]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            line = text.count("\n", 0, match.start(1)) + 1
+            found.append((f"{page.relative_to(ROOT)} (yaml block at line {line})", match.group(1)))
+    return found
+
+
+SNIPPETS = snippets()
+
+
+def test_the_docs_have_chain_and_pool_snippets() -> None:
+    kinds = [set(parse_yaml(text).data) for _, text in SNIPPETS]
+    assert sum("steps" in k for k in kinds) >= 4
+    assert sum("models" in k for k in kinds) >= 3
+
+
+@pytest.mark.parametrize(("where", "text"), SNIPPETS, ids=[w for w, _ in SNIPPETS])
+def test_every_yaml_snippet_is_a_valid_chain_or_pool_file(where: str, text: str) -> None:
+    keys = set(parse_yaml(text, file=where).data)
+    if "models" in keys and "steps" not in keys:
+        parse_pool_config(text, file=where)
+    elif "steps" in keys:
+        # Tool and runnable references are checked against the shipped chains/ folder.
+        parse_spec(text, file=where, source_dir=ROOT / "chains")
+    else:
+        pytest.fail(f"{where}: a ```yaml block that is neither a chain nor a pool file")
+
+
+def test_every_setting_is_in_docs_settings() -> None:
+    page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    missing = [
+        f"CHAINRT_{name.upper()}"
+        for name in Settings.model_fields
+        if f"`CHAINRT_{name.upper()}`" not in page
+    ]
+    assert missing == [], f"document these in docs/settings.md: {missing}"
+
+
+def test_every_worker_serve_flag_is_in_docs_settings() -> None:
+    page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    serve = commands.choices["serve"]
+    flags = [
+        option
+        for action in serve._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    ]
+    assert "--engine" in flags
+    missing = [flag for flag in flags if f"`{flag}`" not in page]
+    assert missing == [], (
+        f"document these chainrt-worker serve flags in docs/settings.md: {missing}"
+    )
+
+
+def test_relative_links_point_at_files_of_the_repository() -> None:
+    broken = []
+    for page in PAGES:
+        for match in LINK.finditer(page.read_text(encoding="utf-8")):
+            target = match.group(1)
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+def test_no_page_sends_readers_outside_the_repository() -> None:
+    for page in PAGES:
+        assert "../shared" not in page.read_text(encoding="utf-8"), page
