@@ -46,7 +46,9 @@ from .errors import (
 if TYPE_CHECKING:
     from ._chain import Chain, aresume, load, resume
     from ._context import StepContext
+    from ._events import RunEvent
     from ._result import BudgetSummary, RunResult, StepSummary
+    from ._runtime import Runtime
     from ._settings import Settings
 
 __version__ = "0.1.0"
@@ -57,6 +59,8 @@ _LAZY = {
     "load": "._chain",
     "resume": "._chain",
     "StepContext": "._context",
+    "RunEvent": "._events",
+    "Runtime": "._runtime",
     "BudgetSummary": "._result",
     "RunResult": "._result",
     "StepSummary": "._result",
@@ -84,9 +88,11 @@ __all__ = [
     "InsufficientMemory",
     "NoEndpoint",
     "RecordTooLarge",
+    "RunEvent",
     "RunLocked",
     "RunNotFound",
     "RunResult",
+    "Runtime",
     "Settings",
     "SpecError",
     "StepContext",

@@ -1,14 +1,17 @@
-"""The Python API (DESIGN §11): ``load`` a chain, ``run``/``arun`` it, ``resume``/``aresume`` a run."""
+"""The Python API (DESIGN §11): ``load`` a chain, ``run``/``arun`` it, ``resume``/``aresume`` a run.
+
+These calls use the process-wide default runtime for their (store, pool) (``_defaults``): set-up
+is paid once, and breakers and latency estimates carry over from run to run.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._durations import parse_duration_ms
+from ._defaults import default_runtime, run_sync
 from ._result import RunResult
-from ._runtime import PoolLike, StoreLike, open_runtime
+from ._runtime import PoolLike, StoreLike
 from .spec import ChainSpec, load_spec
 
 if TYPE_CHECKING:
@@ -17,10 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["Chain", "aresume", "load", "resume"]
 
 Duration = str | float | int | None
-
-
-def _budget_ms(budget: Duration) -> float | None:
-    return None if budget is None else parse_duration_ms(budget, what="budget")
 
 
 class Chain:
@@ -48,14 +47,8 @@ class Chain:
         pool: PoolLike = None,
     ) -> RunResult:
         """Run the chain once (async). ``budget`` overrides the chain's: ``"8s"`` or seconds."""
-        async with open_runtime(store=store, pool=pool) as runtime:
-            return await runtime.runner.run(
-                self.spec,
-                inputs,
-                source_dir=self.source_dir,
-                run_id=run_id,
-                budget_ms=_budget_ms(budget),
-            )
+        runtime = await default_runtime(store, pool)
+        return await runtime.run(self, inputs, run_id=run_id, budget=budget)
 
     def run(
         self,
@@ -67,7 +60,7 @@ class Chain:
         pool: PoolLike = None,
     ) -> RunResult:
         """Run the chain once (blocking; do not call from a running event loop)."""
-        return asyncio.run(self.arun(inputs, run_id=run_id, budget=budget, store=store, pool=pool))
+        return run_sync(self.arun(inputs, run_id=run_id, budget=budget, store=store, pool=pool))
 
     def as_runnable(
         self, *, store: StoreLike = None, pool: PoolLike = None
@@ -96,8 +89,8 @@ async def aresume(
     wait: bool = True,
 ) -> RunResult:
     """Resume a run from its last checkpoint (async); recorded steps are not run again."""
-    async with open_runtime(store=store, pool=pool) as runtime:
-        return await runtime.runner.resume(run_id, budget_ms=_budget_ms(budget), wait=wait)
+    runtime = await default_runtime(store, pool)
+    return await runtime.resume(run_id, budget=budget, wait=wait)
 
 
 def resume(
@@ -109,4 +102,4 @@ def resume(
     wait: bool = True,
 ) -> RunResult:
     """Resume a run from its last checkpoint (blocking)."""
-    return asyncio.run(aresume(run_id, store=store, pool=pool, budget=budget, wait=wait))
+    return run_sync(aresume(run_id, store=store, pool=pool, budget=budget, wait=wait))

@@ -72,13 +72,14 @@ def _llm_answers(llm_steps: list[StepRecord]) -> LlmAnswers:
 
 
 class RunResult(BaseModel):
-    """What a run ended with. ``status`` is completed | partial | rejected | failed."""
+    """What a run ended with (completed | partial | rejected | failed | cancelled), or where it
+    is (queued | running) when read before the end."""
 
     model_config = ConfigDict(extra="forbid")
 
     run_id: str
     chain: str
-    status: Literal["completed", "partial", "rejected", "failed", "running"]
+    status: Literal["queued", "running", "completed", "partial", "rejected", "failed", "cancelled"]
     output: Any = None
     budget: BudgetSummary
     steps: list[StepSummary]

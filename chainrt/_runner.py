@@ -182,8 +182,10 @@ class Runner:
 
         The run continues with the budget it had left, or with ``budget_ms`` more when given.
         With ``wait`` the call waits for a live owner's lease to expire; without, it refuses.
+        A ``queued`` run (submitted to ``chainrt serve``) starts here for the first time.
         """
         record = await self.store.get_run(run_id)
+        first_start = record.status == "queued"
         if record.status == "completed":
             return RunResult.from_records(record, await self.store.get_steps(run_id))
         record = await wait_for_owner(
@@ -206,7 +208,7 @@ class Runner:
         await self._prepare(spec)
         links = [record.trace] if record.trace.get("trace_id") else []
         journal = RunJournal(self.store, record, steps, Clock(total, record.budget_used_ms))
-        start = RunStart(record, total, resumed=True, links=links)
+        start = RunStart(record, total, resumed=not first_start, links=links)
         return await self._execute(
             start,
             spec,

@@ -32,15 +32,17 @@ __all__ = [
     "not_found",
 ]
 
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "partial", "rejected", "failed"})
-"""Run statuses after which the run's records expire (every status but ``running``)."""
+FINAL_STATUSES: frozenset[str] = frozenset(
+    {"completed", "partial", "rejected", "failed", "cancelled"}
+)
+"""Run statuses after which the run's records expire (every status but ``queued``/``running``)."""
 
 _M = TypeVar("_M", bound=BaseModel)
 
 _ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {
     model: TypeAdapter(model) for model in (RunRecord, StepRecord, RunProgress)
 }
-_STATUSES = FINAL_STATUSES | {"running"}
+_STATUSES = FINAL_STATUSES | {"queued", "running"}
 _TRACE: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
 

@@ -21,8 +21,9 @@ __all__ = [
 RECORD_SCHEMA = 1
 """Version of the record layout; a store refuses records of a newer version it cannot read."""
 
-RunStatus = Literal["running", "completed", "partial", "rejected", "failed"]
-"""``running`` while a runner owns it (or crashed while owning it); the rest are final."""
+RunStatus = Literal["queued", "running", "completed", "partial", "rejected", "failed", "cancelled"]
+"""``queued`` until a runner takes it from the queue (``chainrt serve``); ``running`` while a
+runner owns it (or crashed while owning it); the rest are final."""
 
 StepStatus = Literal["completed", "skipped", "partial", "failed", "timed_out", "rejected"]
 """``completed`` and ``skipped`` (optional step, budget short) are never run again on resume."""
@@ -130,4 +131,4 @@ class RunRecord(_Record):
     @property
     def finished(self) -> bool:
         """True once the run has a final status."""
-        return self.status != "running"
+        return self.status not in ("queued", "running")
