@@ -6,10 +6,14 @@ import re
 
 from ._errors import BudgetError
 
-__all__ = ["format_ms", "parse_duration_ms"]
+__all__ = ["MIN_BUDGET_MS", "format_ms", "parse_duration_ms"]
+
+MIN_BUDGET_MS = 1.0
+"""The smallest budget a chain or a run is given (a shorter one could not run a step)."""
 
 _UNITS_MS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)\s*$")
+# ASCII digits only: "٣s" (an Arabic-Indic three) is not a duration a person meant to type here.
+_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(ms|s|m|h)\s*", re.ASCII)
 
 
 def parse_duration_ms(value: object, *, what: str = "duration") -> float:
@@ -27,7 +31,7 @@ def parse_duration_ms(value: object, *, what: str = "duration") -> float:
         return float(value) * 1000.0
     if not isinstance(value, str):
         raise BudgetError(f"{what} must be a duration like '500ms' or '8s', got {value!r}")
-    match = _PATTERN.match(value)
+    match = _PATTERN.fullmatch(value)
     if match is None:
         raise BudgetError(
             f"{what} must be a number with a unit ms|s|m|h such as '1500ms' or '8s', got {value!r}"

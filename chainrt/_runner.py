@@ -147,9 +147,12 @@ class Runner:
     ) -> RunResult:
         """Start a new run of ``spec`` and execute it to the end (or to its budget)."""
         inputs = check_inputs(spec, inputs)
-        run_id = run_id or new_run_id()
-        if not _RUN_ID.match(run_id):
-            raise InputError(f"run id must match [A-Za-z0-9_.:-]{{1,128}}, got {run_id!r}")
+        run_id = new_run_id() if run_id is None else run_id  # "" is refused, not replaced
+        if not _RUN_ID.fullmatch(run_id):
+            shown = repr(run_id[:60]) + (
+                f"... ({len(run_id)} characters)" if len(run_id) > 60 else ""
+            )
+            raise InputError(f"run id must match [A-Za-z0-9_.:-]{{1,128}}, got {shown}")
         total = spec.budget if budget_ms is None else budget_ms
         if total <= 0:
             raise BudgetError(f"budget must be greater than zero, got {total:g}ms")

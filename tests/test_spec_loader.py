@@ -154,11 +154,12 @@ def test_the_normalised_spec_round_trips_exactly() -> None:
 def test_durations_round_trip_without_losing_precision(written: object, ms: float) -> None:
     data: dict[str, Any] = {
         "name": "d",
-        "budget": written,
+        "budget": written if ms >= 1 else "10s",  # a budget under 1ms is refused (finding 10)
         "steps": [{"id": "x", "tool": "t.py:f", "min": written, "retry": {"backoff": written}}],
     }
     spec = spec_from_dict(data)
-    assert spec.budget == pytest.approx(ms)
+    assert spec.steps[0].min == pytest.approx(ms)
+    assert spec.budget == pytest.approx(ms if ms >= 1 else 10_000)
     dumped = spec.model_dump(mode="json", by_alias=True)
     again = spec_from_dict(dumped)
     assert again == spec

@@ -2,7 +2,8 @@
 
 Errors are one line on stderr and a non-zero exit, never a traceback. Exit codes: 0 completed or
 partial; 1 failed or rejected; 2 bad usage, bad input or an invalid chain; 3 store or runtime
-error; 130 interrupted.
+error; 130 interrupted; 141 stdout closed early (``chainrt runs | head -3``: quiet, like a Unix
+tool ended by SIGPIPE).
 
 Each command imports what it needs when it runs (the runtime, the store, the chain-spec models),
 so ``--help`` loads none of it and ``validate`` and ``runs`` load no HTTP client or dispatcher
@@ -14,14 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._durations import parse_duration_ms
+from .._durations import MIN_BUDGET_MS, parse_duration_ms
 from .._hooks import NO_HOOKS
 from .._progress import NO_PROGRESS, Progress
 from ..errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
+from ._input import read_input
 
 if TYPE_CHECKING:
     from .._result import RunResult
@@ -30,10 +31,24 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_BROKEN_PIPE = 141
 
 
 class _UsageError(Exception):
     pass
+
+
+def _nonempty(what: str) -> Callable[[str], str]:
+    """An argparse ``type`` that refuses an empty value instead of silently using the default."""
+
+    def check(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(
+                f"{what} must not be empty (leave the option out for the default)"
+            )
+        return value
+
+    return check
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,12 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a chain")
     run.add_argument("chain", help="chain YAML file")
     run.add_argument("--input", required=True, help="input as JSON, or @file.json")
-    run.add_argument("--run-id", help="use this run id (default: a new uuid)")
+    run.add_argument(
+        "--run-id", type=_nonempty("--run-id"), help="use this run id (default: a new uuid)"
+    )
     run.add_argument("--budget", help="override the chain's budget, e.g. 8s")
     _common(run)
 
     resume = sub.add_parser("resume", help="resume a run from its last checkpoint")
-    resume.add_argument("run_id")
+    resume.add_argument("run_id", type=_nonempty("the run id"))
     resume.add_argument(
         "--budget", help="give the run this much more time (default: what it had left)"
     )
@@ -69,13 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--status", choices=["running", "completed", "partial", "rejected", "failed"])
     runs.add_argument("--limit", type=int, default=50)
     runs.add_argument(
-        "--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)"
+        "--store",
+        type=_nonempty("--store"),
+        help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)",
     )
     runs.add_argument("--json", action="store_true")
 
     inspect = sub.add_parser("inspect", help="show one run, its steps and attempts")
-    inspect.add_argument("run_id")
-    inspect.add_argument("--store")
+    inspect.add_argument("run_id", type=_nonempty("the run id"))
+    inspect.add_argument("--store", type=_nonempty("--store"))
     inspect.add_argument("--json", action="store_true")
     inspect.add_argument(
         "--full", action="store_true", help="print every step's output whole (default: 200 chars)"
@@ -93,28 +112,25 @@ def _parser() -> argparse.ArgumentParser:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--store", help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)"
+        "--store",
+        type=_nonempty("--store"),
+        help="store URL (default: CHAINRT_STORE or sqlite:///.chainrt/chainrt.db)",
     )
-    parser.add_argument("--pool", help="worker pool YAML (default: CHAINRT_POOL)")
+    parser.add_argument(
+        "--pool", type=_nonempty("--pool"), help="worker pool YAML (default: CHAINRT_POOL)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", action="store_true", help="send OpenTelemetry traces (OTLP)")
 
 
-def _read_input(raw: str) -> Any:
-    if raw.startswith("@"):
-        path = Path(raw[1:])
-        try:
-            raw = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read input file {path}: {exc}") from None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise InputError(f"--input is not valid JSON: {exc}") from None
-
-
 def _budget(raw: str | None) -> float | None:
-    return None if raw is None else parse_duration_ms(raw, what="--budget")
+    if raw is None:
+        return None
+    ms = parse_duration_ms(raw, what="--budget")
+    if ms < MIN_BUDGET_MS:
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise BudgetError(f"--budget must be at least {MIN_BUDGET_MS:g}ms, got {shown!r}")
+    return ms
 
 
 def _emit(result: RunResult, as_json: bool, trace_url: str | None = None) -> int:
@@ -158,7 +174,7 @@ async def _run(args: argparse.Namespace) -> int:
     from ._printer import LivePrinter
 
     loaded = load_spec(args.chain)
-    inputs = _read_input(args.input)
+    inputs = read_input(args.input)
     progress: Progress = NO_PROGRESS if args.json else LivePrinter()
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace
@@ -267,6 +283,18 @@ def _log_to_stderr() -> None:
         logger.addHandler(handler)  # level stays WARNING (the root's), propagation unchanged
 
 
+def _drop_stdout() -> None:
+    """The reader of stdout went away: send what is left to /dev/null so exit stays quiet."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (embedded): nothing will be flushed to it
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``chainrt`` console script; returns the exit code."""
     _log_to_stderr()
@@ -276,14 +304,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..spec import chain_json_schema
 
             print(json.dumps(chain_json_schema(), indent=2))
+            sys.stdout.flush()
             return EXIT_OK
         if args.command == "validate":
-            return _validate(args)
+            status = _validate(args)
+            sys.stdout.flush()
+            return status
         handler = {"run": _run, "resume": _resume, "runs": _runs, "inspect": _inspect}[args.command]
         import asyncio  # here, not at the top: --help, validate and schema never need it
 
         code: int = asyncio.run(handler(args))
+        sys.stdout.flush()  # here, where a closed pipe is still caught below
         return code
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE

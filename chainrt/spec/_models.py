@@ -7,6 +7,7 @@ YAML file.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -21,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from .._durations import parse_duration_ms
+from .._durations import MIN_BUDGET_MS, parse_duration_ms
 from .._errors import BudgetError
 from .._strict import Strict as _Strict
 
@@ -45,6 +46,21 @@ def _to_ms(value: object) -> float:
         raise ValueError(exc.message) from None
 
 
+def _weight(value: object) -> object:
+    """Refuse what pydantic would coerce into a misleading number (``true``, ``"NaN"``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"weight must be a number, got {str(value).lower()}")
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"weight must be a number, got {value[:40]!r}") from None
+        value = number
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"weight must be a finite number greater than 0, got {value}")
+    return value
+
+
 def _ms_to_str(value: float) -> str:
     # Plain positional digits of the shortest exact repr: "1234567.8ms", never "1.23457e+06ms"
     # (which would lose precision and not parse again on resume).
@@ -61,7 +77,7 @@ DurationMs = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*(ms|s|m|h)$"},
+                {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?\s*(ms|s|m|h)$"},
                 {"type": "number", "minimum": 0, "description": "seconds"},
             ],
             "description": "A duration: '1500ms', '8s', '2m', '1h', or a number of seconds.",
@@ -83,7 +99,7 @@ INPUT_TYPES: dict[str, tuple[type, ...]] = {
 
 _NAME = re.compile(r"^[a-z0-9_-]+$")
 _STEP_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(ms|s|m|h)\s*$")
+_RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(ms|s|m|h)\s*", re.ASCII)
 
 
 class ConcurrencyKeySpec(_Strict):
@@ -112,7 +128,7 @@ class ConcurrencyKeySpec(_Strict):
 
 def rate_per_second(rate: str) -> float:
     """Parse ``"5/s"``, ``"100/m"``, ``"0.5/s"`` into acquisitions per second."""
-    match = _RATE.match(rate)
+    match = _RATE.fullmatch(rate)
     if match is None:
         raise ValueError(f"rate must look like '5/s' or '100/m', got {rate!r}")
     per = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
@@ -168,7 +184,9 @@ class StepSpec(_Strict):
 
     id: str = Field(description="Unique step id: letters, digits, underscores.")
     description: str = ""
-    weight: float = Field(default=1.0, gt=0, le=1e6, description="Share of the budget.")
+    weight: Annotated[float, BeforeValidator(_weight)] = Field(
+        default=1.0, gt=0, le=1e6, description="Share of the budget."
+    )
     min: DurationMs | None = Field(
         default=None, description="Least time the step needs; below it the step is not started."
     )
@@ -255,8 +273,9 @@ class ChainSpec(_Strict):
     @field_validator("budget")
     @classmethod
     def _check_budget(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("budget must be greater than zero")
+        if value < MIN_BUDGET_MS:
+            shown = "zero" if value == 0 else f"{value:g}ms"
+            raise ValueError(f"budget must be at least {MIN_BUDGET_MS:g}ms, got {shown}")
         return value
 
     @field_validator("inputs")

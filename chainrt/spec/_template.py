@@ -29,12 +29,14 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from .._errors import TemplateError
+from ._filters import FILTER_NAMES, FILTERS, MAX_RENDERED_CHARS, kind, to_json, too_large
 
 __all__ = [
+    "MAX_RENDERED_CHARS",
     "MAX_TEMPLATE_CHARS",
     "Template",
     "compile_template",
@@ -95,22 +97,6 @@ def _describe_keys(mapping: Mapping[Any, Any]) -> str:
     return "it has: " + ", ".join(names) + more
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "an object"
-    return f"a {type(value).__name__}"
-
-
 def _resolve(path: tuple[PathKey, ...], scope: Mapping[str, Any]) -> Any:
     """Follow ``path`` through dict keys and list indexes; a ``_Missing`` if it breaks."""
     current: Any = scope
@@ -136,41 +122,8 @@ def _resolve(path: tuple[PathKey, ...], scope: Mapping[str, Any]) -> Any:
                 return _Missing(f"index {key} is out of range: {where} has {len(current)} items")
         where = format_path(path[:depth])
         wanted = f"key {key!r}" if type(key) is str else f"index [{key}]"
-        return _Missing(f"{where} is {_kind(current)}, so it has no {wanted}")
+        return _Missing(f"{where} is {kind(current)}, so it has no {wanted}")
     return current
-
-
-# ------------------------------------------------------------------------------------- values
-
-
-def _to_json(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise TemplateError(f"cannot render {_kind(value)} as JSON: {exc}") from None
-
-
-def _to_text(value: Any) -> str:
-    if type(value) is str:
-        return value
-    return _to_json(value)
-
-
-def _length(value: Any) -> int:
-    if isinstance(value, str | list | tuple | Mapping):
-        return len(value)
-    raise TemplateError(f"length needs a string, list or object, got {_kind(value)}")
-
-
-_FILTERS: Final[dict[str, Callable[[Any], Any]]] = {
-    "tojson": _to_json,
-    "string": _to_text,
-    "lower": lambda v: _to_text(v).lower(),
-    "upper": lambda v: _to_text(v).upper(),
-    "trim": lambda v: _to_text(v).strip(),
-    "length": _length,
-}
-_FILTER_NAMES: Final = ", ".join([*_FILTERS, "default(...)"])
 
 
 class _Expr:
@@ -199,7 +152,7 @@ class _Expr:
             elif isinstance(value, _Missing):
                 continue  # a later default(...) may still supply a value
             else:
-                value = _FILTERS[name](value)
+                value = FILTERS[name](value)
         if isinstance(value, _Missing):
             shown = self.text if len(self.text) <= 80 else self.text[:77] + "..."
             raise TemplateError(f"{{{{ {shown} }}}}: {value.reason}")
@@ -330,8 +283,8 @@ class _Parser:
                 raise self.fail("expected ')'")
             self.pos += 1
             return name, arg
-        if name not in _FILTERS:
-            raise self.fail(f"unknown filter {name!r} (filters: {_FILTER_NAMES})", at)
+        if name not in FILTERS:
+            raise self.fail(f"unknown filter {name!r} (filters: {FILTER_NAMES})", at)
         return name, None
 
     def literal(self) -> Any:
@@ -417,12 +370,16 @@ class Template:
         if self._native is not None:
             return self._native.evaluate(scope)
         out: list[str] = []
+        size = 0
         for part in self._parts:
             if type(part) is str:
                 out.append(part)
             elif isinstance(part, _Expr):
                 value = part.evaluate(scope)
-                out.append(value if type(value) is str else _to_json(value))
+                out.append(value if type(value) is str else to_json(value))
+            size += len(out[-1])
+            if size > MAX_RENDERED_CHARS:
+                raise too_large(size)
         return "".join(out)
 
     def __repr__(self) -> str:

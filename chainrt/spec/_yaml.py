@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import yaml
@@ -22,6 +21,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
 from .._errors import SpecError
+from .._files import FileRefused, read_bounded
 from ._template import format_path
 
 __all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "LinePath", "YamlDocument", "parse_yaml", "read_yaml"]
@@ -262,15 +262,11 @@ def _document(loader: _Loader, file: str | None) -> YamlDocument:
 
 
 def read_yaml(path: str | os.PathLike[str]) -> YamlDocument:
-    """Read and parse a YAML file (at most :data:`MAX_FILE_BYTES`)."""
+    """Read and parse a YAML file (a regular file of at most :data:`MAX_FILE_BYTES`)."""
     name = os.fspath(path)
     try:
-        with Path(path).open("rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise SpecError("no such file", file=name) from None
-    except IsADirectoryError:
-        raise SpecError("is a directory, not a chain file", file=name) from None
-    except OSError as exc:
-        raise SpecError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
+        raw = read_bounded(path, MAX_FILE_BYTES)
+    except FileRefused as exc:
+        what = str(exc).replace("is a directory, not a file", "is a directory, not a chain file")
+        raise SpecError(what, file=name) from None
     return parse_yaml(raw, file=name)
