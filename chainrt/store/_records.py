@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from ._url import redact_text
 
 __all__ = [
     "RECORD_SCHEMA",
@@ -31,6 +33,15 @@ StepStatus = Literal["completed", "skipped", "partial", "failed", "timed_out", "
 FINAL_STEP_STATUSES: frozenset[str] = frozenset({"completed", "skipped"})
 
 
+def _redacted(value: str | None) -> str | None:
+    return None if value is None else redact_text(value)
+
+
+Redacted = Annotated[str | None, AfterValidator(_redacted)]
+"""Text that may quote a URL (an endpoint, an error): credentials are masked before it is kept,
+and again when an older record is read, so neither a store nor ``inspect`` shows them."""
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -49,10 +60,10 @@ class AttemptRecord(_Record):
 
     attempt: int
     model: str | None = None
-    endpoint: str | None = None
+    endpoint: Redacted = None
     status: str
     elapsed_ms: float
-    detail: str | None = None
+    detail: Redacted = None
 
 
 class StepRecord(_Record):
@@ -69,7 +80,7 @@ class StepRecord(_Record):
     elapsed_ms: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
-    error: str | None = None
+    error: Redacted = None
     attempt_log: list[AttemptRecord] = Field(default_factory=list)
     waits_ms: dict[str, float] = Field(
         default_factory=dict, description="Concurrency key -> ms waited for it."
@@ -84,7 +95,7 @@ class RunProgress(_Record):
     status: RunStatus
     budget_used_ms: float
     output: Any = None
-    error: str | None = None
+    error: Redacted = None
     stopped_at: str | None = None
     release_owner: bool = Field(
         default=False, description="Drop the owner lease (set with a final status)."
@@ -115,7 +126,7 @@ class RunRecord(_Record):
     budget_total_ms: float
     budget_used_ms: float = 0.0
     output: Any = None
-    error: str | None = None
+    error: Redacted = None
     stopped_at: str | None = None
     owner: OwnerLease | None = None
     fencing_token: int = 0

@@ -11,12 +11,20 @@ Accepted forms (DESIGN §4)::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .._errors import CheckpointError
 
-__all__ = ["ACCEPTED_FORMS", "check_redis_url", "redact_url", "sqlite_path", "store_scheme"]
+__all__ = [
+    "ACCEPTED_FORMS",
+    "check_redis_url",
+    "redact_text",
+    "redact_url",
+    "sqlite_path",
+    "store_scheme",
+]
 
 ACCEPTED_FORMS = (
     "sqlite:///relative/path.db, sqlite:////absolute/path.db, "
@@ -58,6 +66,30 @@ def redact_url(url: str) -> str:
     return shown
 
 
+# scheme://userinfo@ inside free text. The user part runs to the last '@' before a space or a
+# quote, so a password holding an unencoded '@' or '/' is masked whole (over-masking a path that
+# holds an '@' is the safe way to be wrong).
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s\"'<>]*)@")
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    user, colon, _password = match.group(2).partition(":")
+    if colon and "/" not in user:
+        return f"{match.group(1)}{user}:***@"
+    return f"{match.group(1)}***@"
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked (``http://bob:***@host``).
+
+    For endpoint URLs and error messages that quote them before they are recorded or shown; a
+    URL's user name is kept (as :func:`redact_url` does), its password never is.
+    """
+    if "@" not in text or "://" not in text:
+        return text
+    return _USERINFO.sub(_mask_userinfo, text)
+
+
 def check_redis_url(url: str) -> None:
     """CheckpointError unless ``url`` is ``redis[s]://[...@]host[:port][/db]`` with a numeric db.
 
@@ -68,7 +100,11 @@ def check_redis_url(url: str) -> None:
         parts = urlsplit(url)
         _ = parts.port
     except ValueError as exc:
-        raise CheckpointError(f"invalid Redis store URL {redact_url(url)!r}: {exc}") from None
+        # Never the parser's own words: "Port could not be cast to integer value as 's3c'"
+        # quotes the start of a password that held a '/' (redis://:s3c/ret@host).
+        raise CheckpointError(
+            f"invalid Redis store URL {redact_url(url)!r}: {_why_unparsable(str(exc))}"
+        ) from None
     db = parts.path.lstrip("/")
     if not parts.hostname or (db and not db.isdigit()):
         raise CheckpointError(
@@ -82,6 +118,20 @@ def check_redis_url(url: str) -> None:
             f"invalid Redis store URL {redact_url(url)!r}: the options decode_responses and db "
             "are not supported; give the db as the path (redis://host:port/2)"
         )
+
+
+def _why_unparsable(error: str) -> str:
+    """Why urlsplit refused a URL, in words that quote nothing of it."""
+    if "IPv6" in error:
+        what = "a '[' or ']' that does not enclose an IPv6 address"
+    elif "Port" in error:
+        what = "no port number from 0 to 65535 after the host"
+    else:
+        what = "a host part that does not parse"
+    return (
+        f"it has {what}; write redis://[:password@]host:port/db, and percent-encode a "
+        "password holding '/', '?', '#', '@', '[' or ']' (e.g. '/' as %2F)"
+    )
 
 
 def store_scheme(url: str) -> str:

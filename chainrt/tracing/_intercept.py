@@ -41,6 +41,7 @@ from ..store._records import (
     RunStatus,
     StepRecord,
 )
+from ..store._url import redact_text
 from . import _attributes as attr
 
 __all__ = [
@@ -231,11 +232,12 @@ class TracedBackend(ModelBackend):
                 got = await self.inner.complete(call, model, max_tokens, deadline, avoid=avoid)
             except BackendError as exc:
                 span.error(exc)
-                span.set(**{attr.ENDPOINT: exc.endpoint, attr.STATUS: exc.error_class})
+                endpoint = redact_text(exc.endpoint) if exc.endpoint else exc.endpoint
+                span.set(**{attr.ENDPOINT: endpoint, attr.STATUS: exc.error_class})
                 raise
             span.set(
                 **{
-                    attr.ENDPOINT: got.endpoint,
+                    attr.ENDPOINT: redact_text(got.endpoint) if got.endpoint else got.endpoint,
                     attr.STATUS: "deadline" if got.finish_reason == "deadline" else "ok",
                     attr.GEN_AI_USAGE_INPUT_TOKENS: got.prompt_tokens,
                     attr.GEN_AI_USAGE_OUTPUT_TOKENS: got.completion_tokens,
