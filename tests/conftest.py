@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server per test session, flushed per test.
+"""Shared fixtures: a private redis-server and a private Redis Cluster per test session (each
+started on first use), flushed per test.
 
 ``--reverse-order`` runs the collected tests last to first: no test may depend on state that an
 earlier one left behind, and this is the cheap way to see that it does not.
@@ -14,7 +15,8 @@ import pytest
 
 pytest.register_assert_rewrite("chainrt.testing")
 
-from chainrt.testing.redis_server import RedisServer  # noqa: E402  (after assert rewrite)
+from chainrt.testing.redis_cluster import LocalCluster  # noqa: E402  (after assert rewrite)
+from chainrt.testing.redis_server import RedisServer  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,6 +50,24 @@ def redis_url(redis_server: RedisServer) -> str:
     client.flushall()
     client.close()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A local Redis Cluster (3 masters, 3 replicas) started once for this test session."""
+    with LocalCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: LocalCluster) -> str:
+    """URL of one node of the session's Redis Cluster, every master flushed before each test.
+
+    A test that kills a node (a failover drill) starts a cluster of its own instead.
+    """
+    redis_cluster.wait_ok()
+    redis_cluster.flushall()
+    return redis_cluster.url
 
 
 @pytest.fixture

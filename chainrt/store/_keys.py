@@ -7,9 +7,15 @@ Layout, with the default prefix ``chainrt``::
     chainrt:runs                sorted set: run_id scored by created_at (listing index)
 
 The ``{<run_id>}`` hash tag puts all keys of one run in one Redis Cluster slot, so a Lua script
-can write them atomically. The listing index lives in another slot: it is a best-effort
-secondary structure, and readers tolerate entries whose run has expired. (On Redis Cluster the
-``create`` script's ZADD to the index would have to move out of the script.)
+can write them atomically. The listing index spans runs and lives in a slot of its own: it is a
+best-effort secondary structure, and readers tolerate entries whose run has expired. On one Redis
+node the ``create`` script adds the run to the index in the same round trip; on a Redis Cluster a
+script may only touch keys of one slot, so ``create`` runs without the index (``create_run``)
+and the store adds the index entry right after it (a crash between the two leaves a run that
+``list_runs`` does not show, but that ``get_run`` and ``resume`` find by its id).
+
+The limiter's keys (``chainrt.concurrency._keys``) and the service queue carry hash tags of their
+own; ``docs/redis-cluster.md`` lists every key chainrt writes.
 
 The Lua scripts that write these keys live here too, formatted from the same field names, so
 the whole Redis layout reads in one file.
@@ -80,9 +86,12 @@ def check_run_id(run_id: str) -> str:
 # {-4} no owner lease, {-5} exists. Field names are formatted in from RunFields. Each script is
 # safe to run twice (a retry after a lost reply): its second run finds its own write.
 
+_INDEX_LINE = "redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])\n"
+
 # KEYS run, steps, index. ARGV run_id, record, status, token, created_at, updated_at,
 # has_owner, owner_host, owner_pid, owner_expires_at, ttl_ms (0: none).
-_CREATE = """
+_CREATE = (
+    """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], '{RECORD}') == ARGV[2] then return {{0}} end
   return {{-5}}
@@ -95,9 +104,14 @@ if ARGV[7] == '1' then
     '{OWNER_EXPIRES_AT}', ARGV[10])
 end
 if ARGV[11] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[11]) end
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-return {{0}}
 """
+    + _INDEX_LINE
+    + """return {{0}}
+"""
+)
+
+# The same without the index (Redis Cluster: the index lives in another slot). KEYS run, steps.
+_CREATE_RUN = _CREATE.replace(_INDEX_LINE, "")
 
 # KEYS run, steps. ARGV token, status, progress, updated_at, budget_total_ms ('' = keep),
 # trace ('' = keep), release_owner, has_step, step_id, step, ttl_ms (0: final status not reached).
@@ -164,6 +178,7 @@ SCRIPTS = {
     name: Script(template)
     for name, template in (
         ("create", _CREATE),
+        ("create_run", _CREATE_RUN),
         ("commit", _COMMIT),
         ("claim", _CLAIM),
         ("renew", _RENEW),

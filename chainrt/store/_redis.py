@@ -5,6 +5,11 @@ its step records. ``create_run``, ``commit``, ``claim`` and ``renew`` are Lua sc
 checks the fencing token inside Redis and writes everything it writes atomically, in one round
 trip. Every script is safe to send twice (a retry after a lost reply finds its own write and
 succeeds), so transient connection errors are retried here, within ``retry_for_s``.
+
+The URL may name one Redis server or any node of a Redis Cluster: the first call finds out which
+(see ``_cluster``) and, on a cluster, switches to the cluster client. The cluster's redirections
+and failovers (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) are retried like a lost
+connection, within the same ``retry_for_s``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_r
 
 from .._errors import CheckpointError, CorruptRecord, StoreUnavailable
 from .._settings import get_settings
+from ._cluster import (
+    CLUSTER_TRANSIENT,
+    close_client,
+    cluster_client,
+    is_cluster,
+    is_cluster_transient,
+    split_options,
+)
 from ._codec import (
     FINAL_STATUSES,
     assemble_run,
@@ -56,11 +69,13 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     rx.TimeoutError,
     rx.ReadOnlyError,
     rx.TryAgainError,
-    rx.ClusterDownError,
     TimeoutError,
     OSError,
+    *CLUSTER_TRANSIENT,  # MOVED/ASK, TRYAGAIN, CLUSTERDOWN: a resharding or a failover
 )
 _AUTH: tuple[type[BaseException], ...] = (rx.AuthenticationError, rx.AuthorizationError)
+# Caught to be looked at (_is_transient): a cluster client's "cannot be connected" is transient.
+_RETRIED: tuple[type[BaseException], ...] = (*_TRANSIENT, rx.RedisClusterException)
 _SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most this often
 _SWEEP_BATCH = 500
 
@@ -87,6 +102,15 @@ class RedisStore(CheckpointStore):
         self.raw_url = url
         self.url = redact_url(url)
         check_redis_url(url)
+        try:
+            self._client_url, options = split_options(url)
+        except ValueError as exc:
+            raise CheckpointError(f"invalid Redis store URL {self.url!r}: {exc}") from None
+        self.wait_replicas = options.wait_replicas
+        """Replicas that must have each write before it counts (``?wait_replicas=N``; 0: none)."""
+        self._wait_timeout_ms = options.wait_timeout_ms
+        self.cluster: bool | None = None
+        """True on a Redis Cluster, False on one node, None until the first call has found out."""
         self.record_ttl_s = record_ttl_s if record_ttl_s is not None else _default_ttl()
         self.max_record_bytes = max_record_bytes
         self.retry_for_s = retry_for_s
@@ -120,12 +144,21 @@ class RedisStore(CheckpointStore):
             self._ttl_ms if run.status in FINAL_STATUSES else "0",
         ]
         keys = [self.keys.run(run_id), self.keys.steps(run_id), self.keys.index]
-        reply = await self._script("create", keys, args)
+        if self.cluster is None:
+            await self._call(self._connect)
+        if self.cluster:
+            # The index lives in another slot: a cluster refuses a script that spans slots.
+            reply = await self._script("create_run", keys[:2], args)
+        else:
+            reply = await self._script("create", keys, args)
         if reply[0] != 0:
             raise CheckpointError(
                 f"run {run_id!r} already exists in {self.url}; choose another run id, "
                 "or resume that run"
             )
+        if self.cluster:
+            score = {run_id: run.created_at}
+            await self._call(lambda: self._client.zadd(self.keys.index, score), key=keys[2])
         if time.time() - self._last_sweep > _SWEEP_EVERY_S:
             await self._sweep_index()
 
@@ -253,21 +286,23 @@ class RedisStore(CheckpointStore):
         """Close the connection pool; the store is unusable afterwards."""
         self._closed = True
         if self._loop is asyncio.get_running_loop():
-            await self._redis.aclose()
+            await close_client(self._redis)
         else:  # its loop is gone: nothing can be awaited there; let the collector have it
             self._redis = self._new_client()
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _new_client(self) -> aioredis.Redis:
+    def _new_client(self) -> Any:
+        # redis-py's own retries are off: _call retries with one deadline for the whole call.
+        options: dict[str, Any] = {
+            "retry": Retry(NoBackoff(), 0),
+            "socket_timeout": self._socket_timeout_s,
+            "socket_connect_timeout": min(self._socket_timeout_s, 1.0),
+        }
         try:
-            # redis-py's own retries are off: _call retries with one deadline for the whole call.
-            client = aioredis.Redis.from_url(
-                self.raw_url,
-                retry=Retry(NoBackoff(), 0),
-                socket_timeout=self._socket_timeout_s,
-                socket_connect_timeout=min(self._socket_timeout_s, 1.0),
-            )
+            if self.cluster:
+                return cluster_client(self._client_url, **options)
+            client = aioredis.Redis.from_url(self._client_url, **options)
             # Builds (does not connect) one connection: an unknown ?option fails here, now,
             # rather than as a TypeError at the first commit.
             client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
@@ -275,8 +310,46 @@ class RedisStore(CheckpointStore):
             raise CheckpointError(f"invalid Redis store URL {self.url!r}: {exc}") from None
         return client
 
+    async def _connect(self) -> None:
+        """Find out whether the URL names a cluster node; on a cluster, use the cluster client.
+
+        The question goes over a connection of its own, closed at once. Calls that start
+        together each ask, and each readies a cluster client (slot map read) before it returns;
+        the first one ready is kept. redis-py's cluster client is not safe to initialise from
+        many tasks at once, so no call uses it before it is ready.
+        """
+        if self.cluster is not None:
+            return
+        probe = aioredis.Redis.from_url(
+            self._client_url,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=self._socket_timeout_s,
+            socket_connect_timeout=min(self._socket_timeout_s, 1.0),
+        )
+        try:
+            found = await is_cluster(probe)
+        finally:
+            await probe.aclose()
+        if not found:
+            self.cluster = False
+            return
+        self.cluster = True  # _new_client builds a cluster client (or refuses a db other than 0)
+        try:
+            client = self._new_client()
+        finally:
+            self.cluster = None
+        try:
+            await client.initialize()
+        except BaseException:
+            await close_client(client)
+            raise
+        if self.cluster is None:
+            self._redis, self.cluster = client, True  # the single-node one never connected
+        else:
+            await close_client(client)  # another call was ready first
+
     @property
-    def _client(self) -> aioredis.Redis:
+    def _client(self) -> Any:
         """The client of the running event loop."""
         if self._closed:
             raise CheckpointError(f"the store {self.url} is closed")
@@ -292,6 +365,8 @@ class RedisStore(CheckpointStore):
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
         script = SCRIPTS[name]
+        if self.wait_replicas and name != "renew":
+            return await self._call(lambda: self._script_and_wait(name, keys, args), key=keys[0])
 
         async def run() -> Any:
             try:
@@ -304,15 +379,52 @@ class RedisStore(CheckpointStore):
 
         return await self._call(run, key=keys[0])
 
+    async def _script_and_wait(
+        self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """The script, then ``WAIT`` on the same connection (WAIT counts the replicas that have
+        this connection's writes): one round trip. Fewer replicas in time is a transient error."""
+        script, client = SCRIPTS[name], self._client
+        wait_args = ("WAIT", self.wait_replicas, self._wait_timeout_ms)
+        # On a cluster, WAIT has no key: send it to the master of the run's slot, so that it
+        # travels in the same batch, on the same connection, as the script.
+        target = {}
+        if self.cluster:
+            await client.initialize()  # the slot map (a no-op once read)
+            target = {"target_nodes": client.get_node_from_key(keys[0])}
+        for source in (None, script.source):  # EVALSHA; after NOSCRIPT, EVAL (loads it too)
+            async with client.pipeline(transaction=False) as pipe:
+                # execute_command: redis-py's cluster pipeline refuses its evalsha/eval methods
+                # (their keys could span slots); these keys are all in the run's slot.
+                if source is None:
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                else:
+                    pipe.execute_command("EVAL", source, len(keys), *keys, *args)
+                pipe.execute_command(*wait_args, **target)
+                reply, acked = await pipe.execute(raise_on_error=False)
+            if not isinstance(reply, rx.NoScriptError):
+                break
+        for result in (reply, acked):
+            if isinstance(result, BaseException):
+                raise result
+        if int(acked) < self.wait_replicas:
+            raise _NotReplicated(
+                f"the write reached {acked} of {self.wait_replicas} replicas within "
+                f"{self._wait_timeout_ms} ms (wait_replicas)"
+            )
+        return reply
+
     async def _call(self, fn: Callable[[], Awaitable[_T]], *, key: str = "") -> _T:
         """Run ``fn``; retry transient errors until ``retry_for_s`` passes; map the errors."""
         try:
             try:
+                if self.cluster is None:
+                    await self._connect()
                 return await fn()
             except _AUTH:
                 raise
-            except _TRANSIENT:
-                if self.retry_for_s <= 0:
+            except _RETRIED as exc:
+                if self.retry_for_s <= 0 or not _is_transient(exc):
                     raise
             # The slow path: only entered after a failure, so the fast path pays nothing.
             retrying = AsyncRetrying(
@@ -323,6 +435,8 @@ class RedisStore(CheckpointStore):
             )
             async for attempt in retrying:
                 with attempt:
+                    if self.cluster is None:
+                        await self._connect()
                     return await fn()
             raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
         except _AUTH as exc:
@@ -332,9 +446,12 @@ class RedisStore(CheckpointStore):
                 retryable=False,
             ) from None
         except _TRANSIENT as exc:
-            raise StoreUnavailable(
-                f"the Redis store {self.url} is unreachable ({_one_line(exc)}); gave up after "
-                f"{self.retry_for_s:g}s of retries. Check that Redis is up, then try again"
+            raise self._unavailable(exc) from None
+        except rx.RedisClusterException as exc:
+            if is_cluster_transient(exc):
+                raise self._unavailable(exc) from None
+            raise CheckpointError(
+                f"the Redis Cluster store {self.url} refused a command: {_one_line(exc)}"
             ) from None
         except rx.ResponseError as exc:
             if str(exc).startswith("WRONGTYPE"):
@@ -346,6 +463,13 @@ class RedisStore(CheckpointStore):
             raise CheckpointError(
                 f"the Redis store {self.url} refused a command: {_one_line(exc)}"
             ) from None
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        what = "Redis Cluster" if self.cluster else "Redis"
+        return StoreUnavailable(
+            f"the {what} store {self.url} is unreachable ({_one_line(exc)}); gave up after "
+            f"{self.retry_for_s:g}s of retries. Check that {what} is up, then try again"
+        )
 
     def _check(self, reply: list[Any], run_id: str, token: int, *, action: str) -> None:
         code = reply[0]
@@ -450,7 +574,14 @@ class RedisStore(CheckpointStore):
 
 
 def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _TRANSIENT) and not isinstance(exc, _AUTH)
+    if isinstance(exc, _AUTH):
+        return False
+    return isinstance(exc, _TRANSIENT) or is_cluster_transient(exc)
+
+
+class _NotReplicated(rx.TimeoutError):
+    """A write that fewer replicas than ``wait_replicas`` acknowledged in time (retried: the
+    scripts are idempotent, and the next WAIT counts the same write again)."""
 
 
 def _one_line(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -32,6 +33,7 @@ class RedisServer:
     comes back on the next :meth:`start` or :meth:`restart` (same port, same data dir).
     ``appendfsync="everysec"`` fsyncs once a second instead — Redis's own default with
     ``--appendonly yes``, as docker-compose runs it, and what the benchmarks measure by default.
+    ``extra_args`` are more ``redis-server`` options (the cluster helper uses them).
     ``pause()``/``resume()`` are not offered: tests SIGSTOP the process through ``server.process``
     when they need that.
     """
@@ -43,6 +45,7 @@ class RedisServer:
         password: str | None = None,
         durable: bool = False,
         appendfsync: Literal["always", "everysec"] = "always",
+        extra_args: Sequence[str] = (),
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -55,6 +58,8 @@ class RedisServer:
         self.durable = durable
         self.appendfsync = appendfsync
         """When the append-only file is fsynced (only with ``durable``)."""
+        self.extra_args = tuple(extra_args)
+        """More ``redis-server`` options (``--cluster-enabled yes`` ...), given after ours."""
         self._dir = Path(tempfile.mkdtemp(prefix="chainrt-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -80,6 +85,7 @@ class RedisServer:
             args += ["--appendfsync", self.appendfsync]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.extra_args
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self._dir
         )

@@ -1,0 +1,125 @@
+"""One Redis node or a Redis Cluster: told apart on first contact (DESIGN §4).
+
+The same ``redis://host:port`` URL may name a single Redis server or any node of a Redis Cluster.
+The store and the limiter first open an ordinary client and ask the server ``INFO cluster``; on a
+cluster (``cluster_enabled:1``) they switch to redis-py's cluster client, which reads the slot map
+from that node, sends each command to the master of its key's slot, and follows resharding
+(``MOVED``/``ASK``) and failovers. On one node nothing changes: the check costs one round trip
+once per client, never per command.
+
+chainrt's own options on the URL (taken off before redis-py sees it)::
+
+    wait_replicas=N      after each write, wait until N replicas have it (Redis ``WAIT``)
+    wait_timeout_ms=MS   how long one ``WAIT`` may take (default 1000); fewer replicas by then
+                         is an error (StoreUnavailable), never a silent success
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis.asyncio.cluster import RedisCluster
+
+__all__ = [
+    "CLUSTER_TRANSIENT",
+    "StoreOptions",
+    "close_client",
+    "cluster_client",
+    "is_cluster",
+    "is_cluster_transient",
+    "split_options",
+]
+
+CLUSTER_TRANSIENT: tuple[type[BaseException], ...] = (
+    rx.ClusterError,  # CLUSTERDOWN, MASTERDOWN, and redirections that ran out ("TTL exhausted")
+    rx.TryAgainError,  # a multi-key command during a slot migration
+    rx.AskError,  # MOVED / ASK that redis-py could not follow within its own redirection limit
+    rx.SlotNotCoveredError,  # a slot without a master (mid-failover)
+)
+"""Cluster errors after which the same command may succeed a moment later."""
+
+_DEFAULT_WAIT_TIMEOUT_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """chainrt's options from a Redis URL's query string."""
+
+    wait_replicas: int = 0
+    wait_timeout_ms: int = _DEFAULT_WAIT_TIMEOUT_MS
+
+
+def split_options(url: str) -> tuple[str, StoreOptions]:
+    """``url`` without chainrt's own query options, and those options.
+
+    ValueError (with a one-line reason) for a value that is not a whole number in range.
+    """
+    parts = urlsplit(url)
+    if not parts.query:
+        return url, StoreOptions()
+    kept: list[tuple[str, str]] = []
+    found: dict[str, int] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        name = key.lower()
+        if name not in ("wait_replicas", "wait_timeout_ms"):
+            kept.append((key, value))
+            continue
+        low, high = (0, 16) if name == "wait_replicas" else (1, 60_000)
+        if not value.isdigit() or not low <= int(value) <= high:
+            raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+        found[name] = int(value)
+    rest = urlunsplit(parts._replace(query=urlencode(kept)))
+    return rest, StoreOptions(**found)
+
+
+def is_cluster_transient(exc: BaseException) -> bool:
+    """True for an error of a cluster in transition (see :data:`CLUSTER_TRANSIENT`), including
+    redis-py's "cannot be connected" when no node it knows answers right now."""
+    if isinstance(exc, CLUSTER_TRANSIENT):
+        return True
+    return isinstance(exc, rx.RedisClusterException) and "cannot be connected" in str(exc)
+
+
+async def is_cluster(client: aioredis.Redis) -> bool:
+    """Whether the server ``client`` talks to is a Redis Cluster node (``INFO cluster``)."""
+    try:
+        info = await client.info("cluster")
+    except rx.ResponseError as exc:
+        # "SELECT is not allowed in cluster mode": a cluster node, and a URL naming a database
+        # (cluster_client then says a cluster has only database 0). Anything else (a proxy, an
+        # ACL without INFO): treat it as one node.
+        return "cluster mode" in str(exc)
+    try:
+        return int(info.get("cluster_enabled", 0)) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+def cluster_client(url: str, **options: Any) -> RedisCluster:
+    """redis-py's asyncio cluster client for ``url`` (any node of the cluster).
+
+    ValueError if the URL names a database other than 0: a cluster has only database 0, and a
+    run must not silently land elsewhere than its URL says.
+    """
+    db = urlsplit(url).path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError(
+            f"a Redis Cluster has only database 0, but the URL names database {db}; "
+            "drop the /db part of the URL"
+        )
+    return RedisCluster.from_url(url, **options)
+
+
+async def close_client(client: Any) -> None:
+    """Close a client of either kind, every connection included.
+
+    redis-py's cluster client keeps the connection it read the slot map with on its "startup
+    node" objects, which its ``aclose`` leaves open: they are closed here too.
+    """
+    await client.aclose()
+    if isinstance(client, RedisCluster):
+        await client.nodes_manager.aclose("startup_nodes")
