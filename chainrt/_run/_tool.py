@@ -1,7 +1,8 @@
 """The ``tool`` step kind: a Python callable, sync (in a thread) or async (on the loop), with retries.
 
-Async tools are cancelled at their deadline. A sync tool runs in a daemon thread and is abandoned
-at its deadline (Python cannot kill a thread); the attempt is recorded as timed out either way.
+Async tools are cancelled at their deadline (and abandoned if they take more than a few ms to
+stop: :func:`chainrt._bounded.within`). A sync tool runs in a daemon thread and is abandoned at
+its deadline (Python cannot kill a thread); the attempt is recorded as timed out either way.
 
 Retries go through the same pure decision as LLM attempts (:func:`~chainrt.dispatch._policy.
 decide_retry`), driven by tenacity. A tool has no endpoints: every attempt is a fresh call, so an
@@ -24,6 +25,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from .._bounded import within
 from .._context import StepContext
 from .._errors import ChainRTError
 from ..dispatch._policy import MIN_ATTEMPT_S, Failure, MoveOn, Retry, decide_retry
@@ -139,7 +141,7 @@ class _Tries:
         started = time.perf_counter()
         ctx = StepContext(self.run_id, self.step_id, number, time.time() + limit)
         try:
-            value = await asyncio.wait_for(call_tool(self.fn, self.kwargs, ctx), timeout=limit)
+            value = await within(call_tool(self.fn, self.kwargs, ctx), limit)
             _check_json(value, f"tool of step {self.step_id!r}")
         except TimeoutError:
             elapsed = (time.perf_counter() - started) * 1000

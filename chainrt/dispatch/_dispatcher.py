@@ -21,6 +21,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from .._bounded import within
 from ..errors import BackendError, DispatchFailed, NoEndpoint
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, ModelBackend
@@ -40,7 +41,7 @@ from ._types import LlmAnswer, LlmCall
 
 __all__ = ["MIN_ATTEMPT_S", "DispatchFailed", "Dispatcher"]
 
-_GUARD_SLACK_S = 0.05
+_GUARD_SLACK_S = 0.01
 """Backends stop themselves at the attempt's end; this guard cancels one that does not."""
 
 
@@ -362,9 +363,10 @@ class _ModelTry:
 
 
 async def _bounded(work: Coroutine[Any, Any, BackendAnswer], end: float) -> BackendAnswer:
-    """Await a backend attempt, cancelling it a little after ``end`` (backends stop by then)."""
+    """Await a backend attempt, cancelling it a little after ``end`` (backends stop by then);
+    one that does not wind down at once is abandoned (:func:`chainrt._bounded.within`)."""
     try:
-        return await asyncio.wait_for(work, timeout=max(end - time.time(), 0) + _GUARD_SLACK_S)
+        return await within(work, max(end - time.time(), 0) + _GUARD_SLACK_S)
     except TimeoutError:
         raise BackendError(
             "attempt ran past its end and was cancelled", error_class="timeout"
