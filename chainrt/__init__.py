@@ -40,6 +40,7 @@ from .errors import (
     StoreUnavailable,
     TemplateError,
     ToolError,
+    UntrustedRecord,
     WorkerError,
 )
 
@@ -101,6 +102,7 @@ __all__ = [
     "StoreUnavailable",
     "TemplateError",
     "ToolError",
+    "UntrustedRecord",
     "WorkerError",
     "__version__",
     "aresume",

@@ -55,10 +55,13 @@ from ._run import (
     settle,
     skipped_record,
 )
+from ._settings import get_settings
+from ._trust import RecordTrust
 from .concurrency import Limiter
 from .dispatch import Dispatcher
 from .spec import ChainSpec, StepSpec, render_value, spec_from_dict
 from .spec._models import INPUT_TYPES
+from .spec._roots import add_chain_root
 from .store._protocol import CheckpointStore
 from .store._records import RunRecord, StepRecord
 
@@ -107,6 +110,8 @@ class Runner:
 
     ``interceptors`` wrap every execution and every step (first one outermost); ``progress``
     hears of every run (a run may bring its own); ``host`` is the name its owner leases carry.
+    ``trust`` says which stored runs it will resume (chain roots, record key; default: the
+    settings, see docs/security.md).
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class Runner:
         allowed_modules: tuple[str, ...] = (),
         runnable_executor: Callable[..., Any] | None = None,
         host: str | None = None,
+        trust: RecordTrust | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -129,6 +135,7 @@ class Runner:
         self.progress = progress
         self.lease_ttl_s = lease_ttl_s
         self.host = host or this_host()
+        self.trust = trust or RecordTrust.from_settings(get_settings(), allowed_modules)
         self._llm = LlmExecutor(dispatcher)
         self._tool = ToolExecutor(allowed_modules)
         self._runnable = RunnableExecutor(allowed_modules, runnable_executor)
@@ -145,7 +152,11 @@ class Runner:
         budget_ms: float | None = None,
         progress: Progress | None = None,
     ) -> RunResult:
-        """Start a new run of ``spec`` and execute it to the end (or to its budget)."""
+        """Start a new run of ``spec`` and execute it to the end (or to its budget).
+
+        ``source_dir`` is the folder its tool files resolve in (the chain file's); the caller
+        chose it, so it becomes one of this process's chain roots (a resume may use it).
+        """
         inputs = check_inputs(spec, inputs)
         run_id = new_run_id() if run_id is None else run_id  # "" is refused, not replaced
         if not _RUN_ID.fullmatch(run_id):
@@ -156,6 +167,8 @@ class Runner:
         total = spec.budget if budget_ms is None else budget_ms
         if total <= 0:
             raise BudgetError(f"budget must be greater than zero, got {total:g}ms")
+        if source_dir is not None:
+            add_chain_root(source_dir)
         record = RunRecord(
             run_id=run_id,
             chain=spec.name,
@@ -166,11 +179,16 @@ class Runner:
             owner=new_lease(self.host, 1, self.lease_ttl_s),
             fencing_token=1,
         )
+        record = self.trust.sign(record)
         await self._prepare(spec)
         await self.store.create_run(record)
         journal = RunJournal(self.store, record, {}, Clock(total))
         return await self._execute(
-            RunStart(record, total), spec, journal, progress=progress or self.progress
+            RunStart(record, total),
+            spec,
+            journal,
+            source_dir=source_dir,
+            progress=progress or self.progress,
         )
 
     async def resume(
@@ -186,8 +204,12 @@ class Runner:
         The run continues with the budget it had left, or with ``budget_ms`` more when given.
         With ``wait`` the call waits for a live owner's lease to expire; without, it refuses.
         A ``queued`` run (submitted to ``chainrt serve``) starts here for the first time.
+        A record this runner does not trust (:class:`RecordTrust`) is refused before anything
+        is claimed or run (UntrustedRecord).
         """
         record = await self.store.get_run(run_id)
+        spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
+        source_dir = self.trust.check(record, spec)
         first_start = record.status == "queued"
         if record.status == "completed":
             return RunResult.from_records(record, await self.store.get_steps(run_id))
@@ -206,7 +228,6 @@ class Runner:
         record = record.model_copy(
             update={"fencing_token": token, "budget_total_ms": total, "status": "running"}
         )
-        spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
         steps = await self.store.get_steps(run_id)
         await self._prepare(spec)
         links = [record.trace] if record.trace.get("trace_id") else []
@@ -216,6 +237,7 @@ class Runner:
             start,
             spec,
             journal,
+            source_dir=source_dir,
             progress=progress or self.progress,
             new_total=budget_ms is not None,
         )
@@ -234,11 +256,12 @@ class Runner:
         spec: ChainSpec,
         journal: RunJournal,
         *,
+        source_dir: Path | None,
         progress: Progress,
         new_total: bool = False,
     ) -> RunResult:
         progress.run_started(journal.record, resumed=start.resumed)
-        body = functools.partial(self._body, spec, journal, progress, new_total)
+        body = functools.partial(self._body, spec, journal, source_dir, progress, new_total)
         result = await chain_runs(self.interceptors, body)(start)
         progress.run_finished(result)
         return result
@@ -247,6 +270,7 @@ class Runner:
         self,
         spec: ChainSpec,
         journal: RunJournal,
+        source_dir: Path | None,
         progress: Progress,
         new_total: bool,
         start: RunStart,
@@ -270,7 +294,7 @@ class Runner:
                     trace=start.trace,
                     budget_total=journal.clock.total_ms if new_total else None,
                 )
-            await self._loop(spec, journal, progress)
+            await self._loop(spec, journal, source_dir, progress)
             final = True
         except StoreUnavailable:
             # A write just failed against this store: a release would only wait on it
@@ -292,9 +316,10 @@ class Runner:
                     await asyncio.shield(journal.release())
         return journal.result()
 
-    async def _loop(self, spec: ChainSpec, journal: RunJournal, progress: Progress) -> None:
+    async def _loop(
+        self, spec: ChainSpec, journal: RunJournal, source_dir: Path | None, progress: Progress
+    ) -> None:
         """The budget loop: decide, run, settle, commit — step after step."""
-        source_dir = Path(journal.record.source) if journal.record.source else None
         try:
             run_keys = await acquire_keys(
                 self.limiter,

@@ -6,7 +6,7 @@ Nothing else in chainrt calls ``os.getenv`` for its own settings; OpenTelemetry'
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -28,6 +28,18 @@ class Settings(BaseSettings):
         default="",
         description="Comma-separated module prefixes a chain may import tools/runnables from, "
         "besides files in the chain's own directory.",
+    )
+    chain_roots: str = Field(
+        default="chains",
+        description="Folders (separated by os.pathsep, ':' on Linux) whose tool files a resumed "
+        "run may execute; a stored run naming a chain folder outside them is refused "
+        "(docs/security.md). Relative folders are resolved against the working directory.",
+    )
+    record_key: SecretStr | None = Field(
+        default=None,
+        description="Secret that signs run records (HMAC-SHA256 over run id, chain, spec, "
+        "folder and input); when set, a resume refuses a record whose signature is missing "
+        "or does not match.",
     )
     lease_ttl_s: float = Field(
         default=10.0, gt=0, description="Owner-lease TTL of a running run, in seconds."

@@ -21,7 +21,8 @@ The tree::
     │   ├── RunLocked                 the run's owner is alive; resuming would double-run it
     │   ├── FencedOut                 this process lost ownership of the run (fencing token)
     │   ├── RecordTooLarge            a record is over the store's size limit
-    │   └── CorruptRecord             a stored record does not parse; nothing was loaded from it
+    │   ├── CorruptRecord             a stored record does not parse; nothing was loaded from it
+    │   └── UntrustedRecord           a stored run this runner will not execute (chain roots, HMAC)
     ├── DispatchError                 an LLM request could not be answered
     │   ├── BackendError              one attempt at one backend failed; ``error_class`` says how
     │   │   └── InsufficientMemory    a worker's admission refused it for lack of memory (429)
@@ -71,6 +72,7 @@ __all__ = [
     "StoreUnavailable",
     "TemplateError",
     "ToolError",
+    "UntrustedRecord",
     "WorkerError",
 ]
 
@@ -178,6 +180,12 @@ class RecordTooLarge(CheckpointError):
 
 class CorruptRecord(CheckpointError):
     """A stored record could not be parsed."""
+
+
+class UntrustedRecord(CheckpointError):
+    """A stored run names code this runner will not execute: a chain folder outside its chain
+    roots, a reference it refuses, or a record whose signature (``CHAINRT_RECORD_KEY``) does not
+    match. Nothing of the run was claimed or changed (docs/security.md)."""
 
 
 class DispatchError(ChainRTError):

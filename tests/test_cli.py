@@ -68,7 +68,11 @@ def test_crash_in_third_tool_then_resume_finishes_without_rerunning(
     used_before = before["budget"]["used_ms"]
     assert used_before >= 200  # step one slept 0.2 s
 
-    resumed = chainrt("resume", "crash-1", "--json", env=env)
+    # The chain's folder is not under this working directory's chains/: name it a chain root.
+    refused = chainrt("resume", "crash-1", "--json", env=env)
+    assert refused.returncode == 3
+    assert "outside this runner's chain roots" in refused.stderr
+    resumed = chainrt("resume", "crash-1", "--json", "--chains", str(CHAINS), env=env)
     assert resumed.returncode == 0, resumed.stderr
     result = json.loads(resumed.stdout)
     assert result["status"] == "completed"

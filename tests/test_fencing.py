@@ -87,7 +87,18 @@ def test_a_paused_owner_is_fenced_out_after_a_takeover(redis_url: str, tmp_path:
         assert int(client.hget(keys.run(RUN), "token") or 0) == 1
 
         b = subprocess.run(
-            [sys.executable, "-m", "chainrt", "resume", RUN, "--store", redis_url, "--json"],
+            [
+                sys.executable,
+                "-m",
+                "chainrt",
+                "resume",
+                RUN,
+                "--store",
+                redis_url,
+                "--json",
+                "--chains",
+                str(CHAIN.parent),
+            ],
             capture_output=True,
             text=True,
             env=_env(1.0),

@@ -160,10 +160,71 @@ def test_a_tool_must_be_callable_but_a_runnable_object_need_not_be() -> None:
 
 def test_a_function_merely_imported_into_a_tool_file_is_refused(tmp_path: Path) -> None:
     write(tmp_path / "t.py", "from os import getcwd\nfrom os.path import join as join\n")
-    with pytest.raises(ToolError, match=re.escape("imported into t.py from elsewhere")):
+    with pytest.raises(SpecError, match=re.escape("imported into t.py from elsewhere")):
         resolve("t.py:getcwd", tmp_path)
-    with pytest.raises(ToolError, match=re.escape("posixpath.join")):
+    with pytest.raises(SpecError, match=re.escape("posixpath.join")):
         resolve("t.py:join", tmp_path)
+
+
+BOUND = """\
+import functools
+import os
+from operator import itemgetter
+from random import randint
+
+system = functools.partial(os.system, "true")
+first = itemgetter(0)
+bound_of_imported = functools.partial(randint, 1)
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def bump(self, by=1):
+        self.n += by
+        return self.n
+
+    def __call__(self):
+        return self.bump()
+
+
+counter = Counter()
+bump = counter.bump
+
+
+@functools.lru_cache(maxsize=None)
+def cached(x=1):
+    return x * 2
+
+
+def plain():
+    return "plain"
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("randint", "random.Random.randint"),  # a bound method of random's hidden instance
+        ("system", "posix.system"),  # a partial of an imported builtin
+        ("first", "operator.itemgetter"),  # an instance of an imported class
+        ("bound_of_imported", "random.Random.randint"),  # a partial of a bound method
+    ],
+)
+def test_imported_callables_of_every_kind_are_refused(
+    tmp_path: Path, name: str, shown: str
+) -> None:
+    """Issue 12 finding 9: bound methods and other imported callables passed the check."""
+    write(tmp_path / "bm.py", BOUND)
+    with pytest.raises(SpecError, match=re.escape(f"is {shown}, imported into bm.py")):
+        resolve(f"bm.py:{name}", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["bump", "counter", "cached", "plain", "Counter"])
+def test_callables_defined_in_the_file_resolve(tmp_path: Path, name: str) -> None:
+    write(tmp_path / "bm.py", BOUND)
+    assert callable(resolve(f"bm.py:{name}", tmp_path))
 
 
 def test_check_reference_executes_no_user_code(tmp_path: Path) -> None:

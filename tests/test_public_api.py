@@ -58,6 +58,7 @@ def test_chainrt_all_is_pinned() -> None:
         "StoreUnavailable",
         "TemplateError",
         "ToolError",
+        "UntrustedRecord",
         "WorkerError",
         "__version__",
         "aresume",

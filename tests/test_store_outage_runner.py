@@ -131,7 +131,7 @@ def test_a_store_that_stays_down_ends_the_run_and_keeps_its_checkpoint(
     for step_id, raw in recorded.items():
         assert shown["records"][step_id.decode()]["output"] == json.loads(raw)["output"]
 
-    resumed = chainrt("resume", "down-1", "--store", durable.url, "--json")
+    resumed = chainrt("resume", "down-1", "--store", durable.url, "--json", "--chains", str(DRILL))
     assert resumed.returncode == 0, resumed.stderr
     result = json.loads(resumed.stdout)
     assert result["status"] == "completed"

@@ -2,8 +2,8 @@
 
 Errors are one line on stderr and a non-zero exit, never a traceback. Exit codes: 0 completed or
 partial; 1 failed or rejected; 2 bad usage, bad input or an invalid chain; 3 store or runtime
-error; 130 interrupted; 141 stdout closed early (``chainrt runs | head -3``: quiet, like a Unix
-tool ended by SIGPIPE).
+error (a refused stored run included); 130 interrupted; 141 stdout closed early (``chainrt runs |
+head -3``: quiet, like a Unix tool ended by SIGPIPE).
 
 Each command imports what it needs when it runs (the runtime, the store, the chain-spec models),
 so ``--help`` loads none of it and ``validate`` and ``runs`` load no HTTP client or dispatcher
@@ -121,6 +121,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", action="store_true", help="send OpenTelemetry traces (OTLP)")
+    parser.add_argument(
+        "--chains",
+        action="append",
+        metavar="DIR",
+        help="a chain root: a folder whose tool files a resumed run may execute (repeatable; "
+        "adds to CHAINRT_CHAIN_ROOTS, default chains/; see docs/security.md)",
+    )
+
+
+def _add_roots(args: argparse.Namespace) -> None:
+    from ..spec import add_chain_root
+
+    for folder in args.chains or ():
+        add_chain_root(folder)
 
 
 def _budget(raw: str | None) -> float | None:
@@ -173,6 +187,7 @@ async def _run(args: argparse.Namespace) -> int:
     from ..spec import load_spec
     from ._printer import LivePrinter
 
+    _add_roots(args)
     loaded = load_spec(args.chain)
     inputs = read_input(args.input)
     progress: Progress = NO_PROGRESS if args.json else LivePrinter()
@@ -194,6 +209,7 @@ async def _resume(args: argparse.Namespace) -> int:
     from .._runtime import open_runtime
     from ._printer import LivePrinter
 
+    _add_roots(args)
     progress: Progress = NO_PROGRESS if args.json else LivePrinter()
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace

@@ -26,6 +26,7 @@ from ._models import (
     RetrySpec,
     StepSpec,
 )
+from ._roots import add_chain_root, chain_roots
 from ._template import Template, compile_template, iter_templates, render_value
 from ._yaml import YamlDocument, parse_yaml, read_yaml
 
@@ -41,7 +42,9 @@ __all__ = [
     "StepSpec",
     "Template",
     "YamlDocument",
+    "add_chain_root",
     "chain_json_schema",
+    "chain_roots",
     "check_reference",
     "compile_template",
     "iter_templates",

@@ -18,6 +18,7 @@ every function it imports.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -35,6 +36,7 @@ from .._errors import SpecError, ToolError
 
 __all__ = [
     "check_reference",
+    "is_file_reference",
     "parse_allowed_modules",
     "resolve_callable",
     "resolve_object",
@@ -76,6 +78,15 @@ def _parse(ref: str) -> _Ref:
     if not _MODULE.match(target):
         raise ValueError(f"{ref!r}: {target!r} is neither a .py file nor a module name")
     return _Ref(target, attr, is_file=False)
+
+
+def is_file_reference(ref: str) -> bool:
+    """True for a ``file.py:name`` reference (resolved in a folder); False for ``module:name``
+    and for anything malformed (which every resolution refuses anyway)."""
+    try:
+        return _parse(ref).is_file
+    except ValueError:
+        return False
 
 
 def _file_in_dir(ref: _Ref, chain_dir: Path) -> Path:
@@ -217,23 +228,48 @@ def resolve_callable(
     """Import the tool ``ref`` names and check it is callable and defined where it points.
 
     Raises :class:`ToolError` for a malformed or disallowed reference, a missing file, a syntax
-    error or exception while importing, a missing attribute, or a non-callable.
+    error or exception while importing, a missing attribute, or a non-callable; and
+    :class:`SpecError` for a callable the file or module did not define (imported functions,
+    bound methods of imported objects, partials of them, instances of imported classes).
     """
     parsed, obj, module_name = _resolve(ref, chain_dir, allowed_modules)
     if not callable(obj):
         raise ToolError(f"tool {ref!r} is {type(obj).__name__}, not a function")
-    if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj):
-        home = getattr(obj, "__module__", None) or "?"
-        inside = home == module_name
-        if not parsed.is_file:
-            inside = inside or any(
-                home == p or home.startswith(p + ".")
-                for p in parse_allowed_modules(allowed_modules)
-            )
-        if not inside:
-            raise ToolError(
-                f"tool {ref!r} is {home}.{parsed.attr}, imported into {parsed.target} from "
-                "elsewhere; a chain may call only functions defined in its own files or allowed "
-                "modules — wrap it in a function defined there"
-            )
+    home, shown = _home(obj)
+    inside = home == module_name
+    if not parsed.is_file:
+        inside = inside or any(
+            home == p or home.startswith(p + ".") for p in parse_allowed_modules(allowed_modules)
+        )
+    if not inside:
+        target = parsed.target
+        raise SpecError(
+            f"tool {ref!r} is {home}.{shown}, imported into {target} from elsewhere; a chain may "
+            "call only functions defined in its own files or allowed modules — wrap it in a "
+            f"function defined in {target}"
+        )
     return obj  # type: ignore[no-any-return]
+
+
+def _home(obj: Any) -> tuple[str, str]:
+    """The module that defines the code ``obj`` runs, and its name there.
+
+    A bound method runs its function (``from random import randint`` is a method of an instance
+    made in ``random``); a ``functools.partial`` runs its ``func``; any other callable object runs
+    its class's ``__call__``; a wrapper (``functools.lru_cache``) its ``__wrapped__``. Their own
+    ``__module__`` (if any) is not trusted: it is settable.
+    """
+    for _ in range(32):  # partials of bound methods of partials ...: unwrap, but not forever
+        if inspect.ismethod(obj):
+            obj = obj.__func__
+        elif isinstance(obj, functools.partial):
+            obj = obj.func
+        elif not inspect.isclass(obj) and callable(getattr(obj, "__wrapped__", None)):
+            obj = obj.__wrapped__  # functools.wraps-style wrappers (lru_cache ...) run their target
+        else:
+            break
+    if not (inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj)):
+        obj = type(obj)
+    home = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or "?"
+    return (home if isinstance(home, str) else "?"), str(name)

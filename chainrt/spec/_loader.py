@@ -25,6 +25,7 @@ from .._errors import SpecError, TemplateError
 from .._settings import get_settings
 from ._imports import parse_allowed_modules, reference_problem
 from ._models import ChainSpec
+from ._roots import add_chain_root
 from ._template import PathKey, Template, compile_template, format_path, walk_strings
 from ._yaml import LinePath, YamlDocument, parse_yaml, read_yaml
 
@@ -363,7 +364,8 @@ def load_spec(
     """Read and validate a chain file; :class:`SpecError` names file, line and field if invalid.
 
     ``allowed_modules`` defaults to ``CHAINRT_ALLOWED_MODULES``. No user code runs: tool files are
-    only checked to exist inside the chain's directory.
+    only checked to exist inside the chain's directory. That directory becomes one of this
+    process's chain roots (:mod:`chainrt.spec._roots`): the caller named the file.
     """
     name = os.fspath(path)
     doc = read_yaml(path)
@@ -371,6 +373,7 @@ def load_spec(
     spec = _validate(
         doc.data, file=name, doc=doc, source_dir=resolved.parent, allowed=allowed_modules
     )
+    add_chain_root(resolved.parent)
     return LoadedSpec(spec=spec, path=resolved, source_dir=resolved.parent)
 
 

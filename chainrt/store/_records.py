@@ -122,6 +122,10 @@ class RunRecord(_Record):
         default=None, description="Directory of the chain file, to resolve its tools on resume."
     )
     input: dict[str, Any]
+    mac: str | None = Field(
+        default=None,
+        description="HMAC of run id, chain, spec, source and input (CHAINRT_RECORD_KEY), or None.",
+    )
     status: RunStatus = "running"
     budget_total_ms: float
     budget_used_ms: float = 0.0

@@ -107,7 +107,7 @@ def run_cli(chain: Path, request: SpawnRequest) -> SpawnReply:
     if request["mode"] == "run":
         args += [str(chain), "--input", json.dumps(request["input"]), "--run-id", run_id]
     else:
-        args += [run_id]
+        args += [run_id, "--chains", str(chain.parent)]
     args += ["--store", request["store"], "--json"]
     env = {**os.environ, "CHAINRT_LEASE_TTL_S": str(request["lease_ttl_s"])}
     log = Path(request["input"]["log_dir"]) / f"{run_id}.jsonl"
