@@ -2,8 +2,9 @@
 
 Errors are one line on stderr and a non-zero exit, never a traceback. Exit codes: 0 completed or
 partial; 1 failed or rejected; 2 bad usage, bad input or an invalid chain; 3 store or runtime
-error (a refused stored run included); 130 interrupted; 141 stdout closed early (``chainrt runs |
-head -3``: quiet, like a Unix tool ended by SIGPIPE).
+error (a refused stored run included); 130 stopped by SIGINT, 143 stopped by SIGTERM (the run was
+checkpointed and released: ``chainrt resume`` continues it, see :mod:`._signals`); 141 stdout
+closed early (``chainrt runs | head -3``: quiet, like a Unix tool ended by SIGPIPE).
 
 Each command imports what it needs when it runs (the runtime, the store, the chain-spec models),
 so ``--help`` loads none of it and ``validate`` and ``runs`` load no HTTP client or dispatcher
@@ -27,6 +28,7 @@ from ._input import read_input
 if TYPE_CHECKING:
     from .._result import RunResult
     from .._runtime import Runtime
+    from ._signals import RunWatch
 
 __all__ = ["main"]
 
@@ -182,7 +184,7 @@ async def _trace_url(runtime: Runtime, run_id: str) -> str | None:
     return await asyncio.to_thread(runtime.hooks.trace_url, trace_id)
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, watch: RunWatch) -> int:
     from .._runtime import open_runtime
     from ..spec import load_spec
     from ._printer import LivePrinter
@@ -190,7 +192,8 @@ async def _run(args: argparse.Namespace) -> int:
     _add_roots(args)
     loaded = load_spec(args.chain)
     inputs = read_input(args.input)
-    progress: Progress = NO_PROGRESS if args.json else LivePrinter()
+    watch.inner = NO_PROGRESS if args.json else LivePrinter()
+    progress: Progress = watch
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace
     ) as runtime:
@@ -205,12 +208,13 @@ async def _run(args: argparse.Namespace) -> int:
     return _emit(result, args.json, trace_url)
 
 
-async def _resume(args: argparse.Namespace) -> int:
+async def _resume(args: argparse.Namespace, watch: RunWatch) -> int:
     from .._runtime import open_runtime
     from ._printer import LivePrinter
 
     _add_roots(args)
-    progress: Progress = NO_PROGRESS if args.json else LivePrinter()
+    watch.inner = NO_PROGRESS if args.json else LivePrinter()
+    progress: Progress = watch
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace
     ) as runtime:
@@ -311,6 +315,23 @@ def _drop_stdout() -> None:
         pass
 
 
+def _run_stoppable(args: argparse.Namespace) -> int:
+    """``run`` or ``resume`` with SIGINT and SIGTERM stopping the run cleanly (one line, 130/143)."""
+    import asyncio
+
+    from ._signals import RunWatch, Stopped, stoppable, stopped_message
+
+    watch = RunWatch(NO_PROGRESS)
+    handler = _run if args.command == "run" else _resume
+    try:
+        code: int = asyncio.run(stoppable(handler(args, watch)))
+    except Stopped as stop:
+        run_id = args.run_id if args.command == "resume" else None
+        print(stopped_message(stop, watch, args.command, run_id), file=sys.stderr)
+        return stop.exit_code
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``chainrt`` console script; returns the exit code."""
     _log_to_stderr()
@@ -326,10 +347,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = _validate(args)
             sys.stdout.flush()
             return status
-        handler = {"run": _run, "resume": _resume, "runs": _runs, "inspect": _inspect}[args.command]
         import asyncio  # here, not at the top: --help, validate and schema never need it
 
-        code: int = asyncio.run(handler(args))
+        if args.command in ("run", "resume"):
+            code = _run_stoppable(args)
+        else:
+            handler = {"runs": _runs, "inspect": _inspect}[args.command]
+            code = asyncio.run(handler(args))
         sys.stdout.flush()  # here, where a closed pipe is still caught below
         return code
     except BrokenPipeError:
@@ -344,8 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ChainRTError as exc:
         print(f"chainrt: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
-    except KeyboardInterrupt:
-        print("chainrt: interrupted; resume the run with `chainrt resume RUN_ID`", file=sys.stderr)
+    except KeyboardInterrupt:  # outside a run: nothing was started or held
+        print("chainrt: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except SystemExit as exc:  # --help and --version
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
