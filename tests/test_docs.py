@@ -118,3 +118,13 @@ def test_relative_links_point_at_files_of_the_repository() -> None:
 def test_no_page_sends_readers_outside_the_repository() -> None:
     for page in PAGES:
         assert "../shared" not in page.read_text(encoding="utf-8"), page
+
+
+def test_the_readme_bench_commands_name_scripts_that_exist() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"`((?:\.venv/bin/)?python bench/(\w+)\.py)[^`]*`", readme)
+    assert len(commands) >= 8
+    missing = [script for _, script in commands if not (ROOT / "bench" / f"{script}.py").exists()]
+    assert missing == []
+    bare = re.findall(r"`bench/\w+\.py", readme)  # not executable: must be run with a Python
+    assert bare == []
