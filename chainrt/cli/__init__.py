@@ -229,7 +229,9 @@ async def _runs(args: argparse.Namespace) -> int:
     from ..store import open_store
     from ._printer import print_runs
 
-    store = open_store(args.store)  # None: CHAINRT_STORE or the embedded default
+    # None: CHAINRT_STORE or the embedded default. Read-only: a file this user may not write
+    # (or one that does not exist yet) lists fine, and nothing is created or purged.
+    store = open_store(args.store, read_only=True)
     try:
         runs = await store.list_runs(status=args.status, limit=max(1, args.limit))
     finally:
@@ -248,7 +250,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     from ._printer import print_inspect
 
     settings = get_settings()
-    store = open_store(args.store)
+    store = open_store(args.store, read_only=True)
     try:
         run = await store.get_run(args.run_id)
         steps = await store.get_steps(args.run_id)

@@ -63,13 +63,14 @@ def open_limiter(store_url: str, *, lease_ttl_s: float = 10.0) -> Limiter:
             ) from exc
         return RedisLimiter.from_url(store_url, lease_ttl_s=lease_ttl_s)
     if scheme == "sqlite":
-        from ..store._url import sqlite_path
+        from ..store._url import sqlite_path, sqlite_read_only
 
         try:
             path = sqlite_path(store_url)
+            read_only = sqlite_read_only(store_url)
         except ChainRTError as exc:
             raise ConcurrencyError(str(exc)) from None
-        if path is not None:
+        if path is not None and not read_only:  # a read-only store runs nothing to limit
             return SQLiteLimiter(path, lease_ttl_s=lease_ttl_s)
     return _shared_local()
 

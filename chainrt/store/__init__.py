@@ -29,7 +29,7 @@ from ._records import (
     StepStatus,
 )
 from ._sqlite import SQLiteStore
-from ._url import ACCEPTED_FORMS, redact_url, sqlite_path, store_scheme
+from ._url import ACCEPTED_FORMS, redact_url, sqlite_path, sqlite_read_only, store_scheme
 
 if TYPE_CHECKING:
     from ._redis import RedisStore
@@ -59,19 +59,25 @@ def open_store(
     record_ttl_s: float | None = None,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     retry_for_s: float = 2.0,
+    read_only: bool = False,
 ) -> CheckpointStore:
     """Open the checkpoint store ``url`` names (default: ``CHAINRT_STORE``).
 
     A SQLite file is created (with its directories) at once; a Redis store connects on first
     use, and raises StoreUnavailable naming the URL (password hidden) if Redis cannot be
     reached within ``retry_for_s``. An unknown scheme raises CheckpointError listing the
-    accepted forms. ``record_ttl_s`` defaults to ``CHAINRT_RECORD_TTL_S``.
+    accepted forms. ``record_ttl_s`` defaults to ``CHAINRT_RECORD_TTL_S``. ``read_only`` (or
+    ``?mode=ro`` on a SQLite URL) opens a SQLite file without writing to it: reads work, writes
+    raise CheckpointError; a Redis store ignores it.
     """
     if url is None:
         url = get_settings().store
     if store_scheme(url) == "sqlite":
         return SQLiteStore(
-            sqlite_path(url), record_ttl_s=record_ttl_s, max_record_bytes=max_record_bytes
+            sqlite_path(url),
+            record_ttl_s=record_ttl_s,
+            max_record_bytes=max_record_bytes,
+            read_only=read_only or sqlite_read_only(url),
         )
     return _redis_store_class()(
         url,

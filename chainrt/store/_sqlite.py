@@ -40,6 +40,7 @@ from ._codec import (
 from ._keys import check_run_id
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+from ._sqlite_ro import connect_read_only, read_only_refusal
 
 __all__ = ["SQLiteStore"]
 
@@ -120,6 +121,8 @@ class SQLiteStore(CheckpointStore):
 
     ``record_ttl_s`` (default: ``CHAINRT_RECORD_TTL_S``) is how long a finished run is kept;
     running runs never expire. ``busy_timeout_s`` bounds the wait for another process's write.
+    ``read_only`` opens the file without writing anything to it (``_sqlite_ro``); a write then
+    raises CheckpointError.
     """
 
     def __init__(
@@ -129,9 +132,13 @@ class SQLiteStore(CheckpointStore):
         record_ttl_s: float | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         busy_timeout_s: float = 5.0,
+        read_only: bool = False,
     ) -> None:
         self.path = None if path is None else Path(path)
+        self.read_only = read_only and self.path is not None
         self.url = "sqlite:///:memory:" if self.path is None else f"sqlite:///{self.path}"
+        if self.read_only:
+            self.url += "?mode=ro"
         self.raw_url = self.url  # no secrets in a SQLite URL
         self.record_ttl_s = record_ttl_s if record_ttl_s is not None else _default_ttl()
         self.max_record_bytes = max_record_bytes
@@ -142,6 +149,15 @@ class SQLiteStore(CheckpointStore):
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
         self._last_purge = 0.0
+        if self.read_only and self.path is not None:
+            self._conn = connect_read_only(
+                self.path,
+                _SCHEMA,
+                url=self.url,
+                layout_version=_LAYOUT_VERSION,
+                busy_timeout_s=busy_timeout_s,
+            )
+            return
         self._conn = self._open()
         if self.path is not None:
             self._checkpointer = _Checkpointer(self.path)
@@ -388,6 +404,8 @@ class SQLiteStore(CheckpointStore):
     @contextmanager
     def _transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
         """One transaction (IMMEDIATE for writes: take the write lock before reading)."""
+        if write and self.read_only:
+            raise read_only_refusal(self.url)
         with self._lock, self._guard():
             conn = self._conn
             if conn is None:
@@ -405,6 +423,8 @@ class SQLiteStore(CheckpointStore):
 
     def _purge(self) -> None:
         """Delete runs (and their steps) whose TTL has passed; running runs never expire."""
+        if self.read_only:
+            return  # readers skip expired runs in every query; the next writer purges them
         now = time.time()
         self._last_purge = now
         with self._transaction() as conn:

@@ -5,6 +5,7 @@ Accepted forms (DESIGN §4)::
     sqlite:///relative/path.db       relative to the current directory
     sqlite:////absolute/path.db      absolute
     sqlite:///:memory:               a private in-memory database (tests)
+    sqlite:///path.db?mode=ro        read-only: list and inspect runs, write nothing
     redis://[[user]:password@]host:port/db[?option=value...]
     rediss://...                     the same over TLS
 """
@@ -23,6 +24,7 @@ __all__ = [
     "redact_text",
     "redact_url",
     "sqlite_path",
+    "sqlite_read_only",
     "store_scheme",
 ]
 
@@ -167,3 +169,24 @@ def sqlite_path(url: str) -> Path | None:
     if not path or path.endswith("/"):
         raise CheckpointError(f"SQLite store URL {url!r} names a directory, not a database file")
     return Path(path)
+
+
+_SQLITE_MODES = {"ro": True, "rw": False, "rwc": False}
+
+
+def sqlite_read_only(url: str) -> bool:
+    """True for ``sqlite:///path.db?mode=ro``; CheckpointError for any other option or mode.
+
+    An option the store would not honour is refused rather than silently ignored.
+    """
+    query = url.partition("?")[2]
+    read_only = False
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key != "mode" or value not in _SQLITE_MODES:
+            got = f"{key}={value}" if len(key) + len(value) < 80 else f"{key[:40]}=..."
+            raise CheckpointError(
+                f"SQLite store URL {url[:120]!r}: the only option is mode=ro (read-only) or "
+                f"mode=rw, got {got!r}"
+            )
+        read_only = _SQLITE_MODES[value]
+    return read_only
