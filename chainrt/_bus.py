@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from ._events import RunEvent
+from .store._cluster import split_options
 
 __all__ = ["CancelBus", "EventPublisher", "cancel_channel", "events_channel"]
 
@@ -45,7 +46,11 @@ def events_channel(run_id: str, prefix: str = _PREFIX) -> str:
 
 
 def _client(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, socket_connect_timeout=1.0, health_check_interval=10)
+    # A plain client even on a Redis Cluster: classic pub/sub reaches every node of a cluster.
+    # The store's own URL options (wait_replicas ...) are not redis-py's: taken off here.
+    return aioredis.Redis.from_url(
+        split_options(url)[0], socket_connect_timeout=1.0, health_check_interval=10
+    )
 
 
 async def subscribe(url: str, channel: str) -> AsyncIterator[bytes]:

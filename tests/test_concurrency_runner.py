@@ -42,7 +42,16 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-def test_four_runner_processes_never_exceed_the_key_limit(redis_url: str, tmp_path: Path) -> None:
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+def backend_url(request: pytest.FixtureRequest) -> str:
+    """The session's single Redis, then the session's Redis Cluster (both flushed)."""
+    name = "redis_url" if request.param == "redis" else "cluster_url"
+    url: str = request.getfixturevalue(name)
+    return url
+
+
+def test_four_runner_processes_never_exceed_the_key_limit(backend_url: str, tmp_path: Path) -> None:
+    redis_url = backend_url
     log = tmp_path / "holds.jsonl"
     env = {**os.environ, "CHAINRT_TEST_LOG": str(log)}
     procs = [

@@ -10,6 +10,12 @@ Cancellation: whatever a cancelled (or timed-out) acquisition may have taken is 
 idempotent script run in a task the cancellation cannot reach; if that undo reaches Redis before a
 try still in flight (two connections, no order between them), it leaves a mark that refuses the
 try. A release cut short by a cancellation is finished the same way.
+
+Redis Cluster: :meth:`RedisLimiter.from_url` finds out on first use whether the URL names a
+cluster node (as the store does) and then uses redis-py's cluster client. Each concurrency key's
+state shares one hash tag, so every script touches one slot; wake-ups are plain pub/sub, which a
+cluster delivers on every node. While a failover or a resharding is under way, script calls are
+retried for up to ``cluster_retry_s``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import asyncio
 import hashlib
 import logging
 import math
+import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +39,13 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import ConcurrencyError, StoreUnavailable
+from ..store._cluster import (
+    close_client,
+    cluster_client,
+    is_cluster,
+    is_cluster_transient,
+    split_options,
+)
 from . import _lua
 from ._driver import GRANTED, Attempt, BaseLimiter, holder_of
 from ._keys import DEFAULT_PREFIX, check_prefix, key_names, wake_channel_prefix
@@ -128,28 +143,58 @@ class RedisLimiter(BaseLimiter):
         self._renewer: asyncio.Task[None] | None = None
         self._calls: dict[KeyRequest, _Call] = {}
         self._client_closed = False
+        self._detect_url: str | None = None  # set by from_url: cluster or not, found on first use
+        self._detect_lock: asyncio.Lock | None = None
+        self.cluster_retry_s = 10.0
+        """How long a script call is retried while a cluster fails over (cluster mode only)."""
+        self._cluster = False
 
     @classmethod
     def from_url(
         cls, url: str, *, lease_ttl_s: float = 10.0, prefix: str = DEFAULT_PREFIX
     ) -> RedisLimiter:
         """A limiter with its own client for ``redis://`` / ``rediss://`` ``url``."""
-        # Reconnect-and-retry is safe: every script is idempotent for a given member.
-        client = aredis.Redis.from_url(
-            url,
-            # No read timeout (redis-py's default is 5 s): it wraps every call in wait_for, which
-            # costs ~30 % of throughput; a stuck call ends when the caller's budget cancels it.
-            socket_timeout=None,
-            socket_connect_timeout=5.0,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=3),
-        )
-        return cls(
-            client,
+        try:
+            client_url = split_options(url)[0]  # the store's own options (wait_replicas ...)
+        except ValueError as exc:
+            raise ConcurrencyError(f"invalid Redis URL {safe_url(url)!r}: {exc}") from None
+        limiter = cls(
+            aredis.Redis.from_url(client_url, **_client_options()),
             lease_ttl_s=lease_ttl_s,
             prefix=prefix,
             owns_client=True,
             display_url=safe_url(url),
         )
+        limiter._detect_url = client_url
+        return limiter
+
+    async def _detect(self, url: str) -> None:
+        """On a Redis Cluster node, switch to a cluster client, ready (slot map read) before
+        any script call uses it. One call finds out; calls that start meanwhile wait for it."""
+        if self._detect_lock is None:
+            self._detect_lock = asyncio.Lock()
+        async with self._detect_lock:
+            if self._detect_url is None:
+                return  # found out while this call waited
+            probe = aredis.Redis.from_url(url, socket_connect_timeout=5.0)
+            try:
+                found = await is_cluster(probe)
+            finally:
+                await probe.aclose()
+            if found:
+                try:
+                    client = cluster_client(url, **_client_options())
+                except ValueError as exc:
+                    raise ConcurrencyError(f"concurrency keys on {self._url}: {exc}") from None
+                try:
+                    await client.initialize()
+                except BaseException:
+                    await close_client(client)
+                    raise
+                single, self._client, self._cluster = self._client, client, True
+                self._waker.use(_NodePubSub(client, url))
+                await single.aclose()  # never used: no script call runs before this is known
+            self._detect_url = None
 
     # ------------------------------------------------------------------ script calls
 
@@ -159,15 +204,25 @@ class RedisLimiter(BaseLimiter):
         task = asyncio.current_task()
         pending = task.cancelling() if task is not None else 0
         try:
+            if self._detect_url is not None:
+                await self._detect(self._detect_url)
             try:
-                result = await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
-            except NoScriptError:  # first use on this server, or it restarted / flushed scripts
-                await self._client.script_load(_SCRIPTS[name])
-                result = await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
+                result = await self._script(name, keys, args)
+            except Exception as exc:
+                if not (self._cluster and _retry_on_cluster(exc)):
+                    raise
+                result = await self._retry_on_cluster(name, keys, args)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(
                 f"concurrency keys: Redis at {self._url} cannot be reached ({exc}); "
                 "check that it is running and that the store URL points at it"
+            ) from exc
+        except Exception as exc:
+            if not is_cluster_transient(exc):
+                raise
+            raise StoreUnavailable(
+                f"concurrency keys: the Redis Cluster at {self._url} did not recover within "
+                f"{self.cluster_retry_s:g}s ({exc})"
             ) from exc
         if task is not None and task.cancelling() > pending:
             # redis-py opens connections under asyncio.wait_for, which on Python 3.11 can
@@ -175,6 +230,32 @@ class RedisLimiter(BaseLimiter):
             # slot forever. Raise it again (the call's effect is undone like any cancellation's).
             raise asyncio.CancelledError
         return result
+
+    async def _script(
+        self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
+    ) -> Any:
+        try:
+            return await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
+        except NoScriptError:
+            # First use on this server, or it restarted / failed over / flushed its scripts.
+            # EVAL runs the script and caches it, on the node that serves these keys.
+            return await self._client.eval(_SCRIPTS[name], len(keys), *keys, *args)
+
+    async def _retry_on_cluster(
+        self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
+    ) -> Any:
+        """Retry a script call while the cluster fails over (every script is idempotent for a
+        given member, so a call whose reply was lost may be sent again)."""
+        deadline = time.monotonic() + self.cluster_retry_s
+        pause = 0.05
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                return await self._script(name, keys, args)
+            except Exception as exc:
+                if not _retry_on_cluster(exc) or time.monotonic() + pause > deadline:
+                    raise
+            pause = min(pause * 2, 0.5)
 
     # ------------------------------------------------------------------ backend primitives
 
@@ -312,4 +393,43 @@ class RedisLimiter(BaseLimiter):
         await self._waker.close()
         self._client_closed = True
         if self._owns_client:
-            await self._client.aclose()
+            await close_client(self._client)
+
+
+def _client_options() -> dict[str, Any]:
+    # Reconnect-and-retry is safe: every script is idempotent for a given member.
+    return {
+        # No read timeout (redis-py's default is 5 s): it wraps every call in wait_for, which
+        # costs ~30 % of throughput; a stuck call ends when the caller's budget cancels it.
+        "socket_timeout": None,
+        "socket_connect_timeout": 5.0,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=3),
+    }
+
+
+def _retry_on_cluster(exc: BaseException) -> bool:
+    """A lost node or a cluster in transition: worth another try once the cluster settles."""
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError) or (
+        is_cluster_transient(exc)
+    )
+
+
+class _NodePubSub:
+    """Subscriptions of a cluster limiter, each on a plain connection to one master.
+
+    Classic pub/sub is broadcast over the cluster bus, so any node delivers every wake-up; a
+    plain connection keeps the subscription apart from the cluster client's command connections.
+    A new subscription (after a lost node) goes to a master the cluster client knows now.
+    """
+
+    def __init__(self, cluster: Any, url: str) -> None:
+        self._cluster = cluster
+        self._url = urlsplit(url)
+
+    def pubsub(self) -> Any:
+        """A pub/sub object on one master (a random one of those known now)."""
+        node = random.choice(self._cluster.get_primaries() or self._cluster.get_nodes())
+        userinfo = self._url.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@{node.host}:{node.port}" if userinfo else f"{node.host}:{node.port}"
+        url = urlunsplit(self._url._replace(netloc=netloc))
+        return aredis.Redis.from_url(url, socket_connect_timeout=5.0).pubsub()

@@ -39,6 +39,10 @@ class PubSubWaker:
         self._task: asyncio.Task[None] | None = None
         self._pubsub: Any = None
 
+    def use(self, client: Any) -> None:
+        """Subscribe through ``client`` (anything with ``pubsub()``) from now on."""
+        self._client = client
+
     def register(self, member: str, wake: Wake) -> None:
         """Deliver wake-ups addressed to ``member`` to ``wake``."""
         self._wakes[member] = wake
@@ -74,7 +78,7 @@ class PubSubWaker:
         while True:
             try:
                 if not subscribed:
-                    # redis-py re-subscribes by itself after a reconnect; this is the first time.
+                    # The first time, or after a lost connection (with a fresh pubsub object).
                     await self._pubsub.subscribe(self._channel)
                     subscribed = True
                 message = await self._pubsub.get_message(timeout=None)
@@ -86,6 +90,12 @@ class PubSubWaker:
                 self._ready.clear()
                 self._wake_all()  # they look again (and meet the error, or a recovered Redis)
                 await asyncio.sleep(pause)
+                # A fresh subscription: on a cluster the node it was on may be gone for good
+                # (failed over), and a cluster client picks a live node for a new one.
+                old, self._pubsub = self._pubsub, self._client.pubsub()
+                subscribed = False
+                with contextlib.suppress(Exception):
+                    await old.aclose()
                 pause = min(pause * 2, _BACKOFF_S[1])
                 continue
             pause = _BACKOFF_S[0]
