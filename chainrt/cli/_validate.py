@@ -1,7 +1,7 @@
 """``chainrt validate``: check chain files and pool files, walking folders recursively.
 
 A YAML file is a pool file when its top level has ``models`` and no ``steps``; otherwise it is a
-chain. Inside a folder, a YAML file that is neither (no ``steps``, ``name``, ``budget`` or
+chain. Inside a folder, a YAML file that is neither (no ``steps``, ``budget`` or
 ``models`` at the top — a compose file, a CI workflow) is skipped and counted, never guessed at;
 a file named on the command line is always checked. Hidden folders, ``__pycache__`` and
 ``node_modules`` are not entered. The pool model (and so ``chainrt.dispatch``) is imported only when
@@ -22,7 +22,7 @@ __all__ = ["ValidateReport", "validate"]
 
 _SUFFIXES = (".yaml", ".yml")
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
-_CHAIN_KEYS = frozenset({"steps", "name", "budget"})
+_CHAIN_KEYS = frozenset({"steps", "budget"})
 
 Kind = Literal["chain", "pool", "other"]
 
@@ -58,10 +58,21 @@ def _walk(folder: Path) -> Iterator[Path]:
 
 
 def _kind(path: Path) -> Kind:
-    """Chain, pool or neither, from the top-level keys (SpecError when it is not YAML at all)."""
-    from ..spec import read_yaml
+    """Chain, pool or neither, from the top-level keys.
 
-    keys = set(read_yaml(path).data)
+    Sniffed with PyYAML's safe loader, which reads what chain files may not contain (anchors in
+    a compose file); a file it cannot read is left to the strict loader, whose SpecError names
+    the line.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_bytes())
+    except (OSError, yaml.YAMLError):
+        from ..spec import read_yaml
+
+        data = read_yaml(path).data  # raises the SpecError that says what is wrong
+    keys = set(data) if isinstance(data, dict) else set()
     if "models" in keys and "steps" not in keys:
         return "pool"
     return "chain" if keys & _CHAIN_KEYS else "other"
