@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_MIN_STEP_MS",
     "Allot",
     "Decision",
+    "Plan",
     "Skip",
     "StepBudget",
     "Stop",
@@ -73,29 +74,66 @@ def decide(remaining_ms: float, steps_left: Sequence[StepBudget]) -> Decision:
 
     ``steps_left`` is the step about to start followed by every step after it that may still run.
     Optional steps give way: one is skipped when running it would leave the required steps after
-    it less than their ``min``.
+    it less than their ``min``. (A runner deciding step after step uses :class:`Plan`, which sums
+    the steps after each one once rather than at every step.)
     """
     if not steps_left:
         raise ValueError("decide() needs at least the step about to start")
     step = steps_left[0]
+    total_weight = sum(s.weight for s in steps_left)
+    reserve = sum(s.need_ms for s in steps_left[1:] if not s.optional) if step.optional else 0.0
+    return _decide(step, remaining_ms, total_weight, reserve)
+
+
+class Plan:
+    """The steps of one execution, in order, with the sums :func:`decide` needs precomputed.
+
+    ``Plan(steps).decide(k, R)`` is ``decide(R, steps[k:])``, in constant time: the weights and
+    the required steps' ``min`` after each step are summed once, from the end. A chain of
+    thousands of steps pays for them once, not at every step.
+    """
+
+    __slots__ = ("_reserve_after", "_weight_from", "steps")
+
+    def __init__(self, steps: Sequence[StepBudget]) -> None:
+        self.steps = tuple(steps)
+        count = len(self.steps)
+        weight_from = [0.0] * (count + 1)
+        reserve_after = [0.0] * (count + 1)
+        for index in range(count - 1, -1, -1):
+            step = self.steps[index]
+            weight_from[index] = weight_from[index + 1] + step.weight
+            if index > 0:
+                need = 0.0 if step.optional else step.need_ms
+                reserve_after[index - 1] = reserve_after[index] + need
+        self._weight_from = weight_from
+        self._reserve_after = reserve_after
+
+    def decide(self, index: int, remaining_ms: float) -> Decision:
+        """Decide for step ``index`` given ``remaining_ms`` (every later step may still run)."""
+        step = self.steps[index]
+        reserve = self._reserve_after[index] if step.optional else 0.0
+        return _decide(step, remaining_ms, self._weight_from[index], reserve)
+
+
+def _decide(step: StepBudget, remaining_ms: float, total_weight: float, reserve: float) -> Decision:
+    """The rule itself: ``total_weight`` of the steps still to run (this one included),
+    ``reserve`` the ``min`` of the required steps after an optional one."""
     remaining = max(remaining_ms, 0.0)
     if remaining < step.need_ms:
         why = f"{remaining:.0f}ms left, step needs {step.need_ms:.0f}ms"
         return Skip(why) if step.optional else Stop(why)
 
-    total_weight = sum(s.weight for s in steps_left)
     share = remaining * step.weight / total_weight
     share = max(share, step.need_ms)
     if step.max_ms is not None:
         share = min(share, step.max_ms)
     allot = min(share, remaining)
 
-    if step.optional:
-        reserve = sum(s.need_ms for s in steps_left[1:] if not s.optional)
-        if remaining - allot < reserve:
-            allot = remaining - reserve
-            if allot < step.need_ms:
-                return Skip(
-                    f"{remaining:.0f}ms left, {reserve:.0f}ms reserved for the required steps after"
-                )
+    if step.optional and remaining - allot < reserve:
+        allot = remaining - reserve
+        if allot < step.need_ms:
+            return Skip(
+                f"{remaining:.0f}ms left, {reserve:.0f}ms reserved for the required steps after"
+            )
     return Allot(allot)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrt._budget import DEFAULT_MIN_STEP_MS, Allot, Skip, StepBudget, Stop, decide
+from chainrt._budget import DEFAULT_MIN_STEP_MS, Allot, Plan, Skip, StepBudget, Stop, decide
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,38 @@ def test_unused_time_flows_forward(total: float, weights: list[float], fraction:
     assert second.ms == pytest.approx(expected)
     if first.ms == pytest.approx(total * weights[0] / sum(weights)):  # not bumped up to a minimum
         assert second.ms >= plain_share - 1e-6
+
+
+# Whole numbers of ms and weights: every sum is exact in floats, whichever end it starts from,
+# so the plan's precomputed sums must give the very same decisions.
+whole_budgets = st.builds(
+    StepBudget,
+    weight=st.integers(min_value=1, max_value=100).map(float),
+    min_ms=st.one_of(st.none(), st.integers(min_value=0, max_value=2000).map(float)),
+    max_ms=st.one_of(st.none(), st.integers(min_value=2000, max_value=5000).map(float)),
+    optional=st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    remaining=st.integers(min_value=-100, max_value=100_000).map(float),
+    steps=st.lists(whole_budgets, min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_plan_decides_as_decide_does(
+    remaining: float, steps: list[StepBudget], data: st.DataObject
+) -> None:
+    index = data.draw(st.integers(min_value=0, max_value=len(steps) - 1))
+    assert Plan(steps).decide(index, remaining) == decide(remaining, steps[index:])
+
+
+def test_plan_sums_once_for_a_long_chain() -> None:
+    """The runner's plan for 2,000 steps: each decision reads its sums; none walks the rest."""
+    steps = [StepBudget(1.0, optional=i % 3 == 0) for i in range(2000)]
+    plan = Plan(steps)
+    for index in (0, 1, 999, 1998, 1999):
+        assert plan.decide(index, 60_000.0) == decide(60_000.0, steps[index:])
+    # The last step gets all that is left; the first its 1/2000th.
+    assert plan.decide(1999, 100.0) == Allot(100.0)
+    assert plan.decide(1, 2000.0) == decide(2000.0, steps[1:])

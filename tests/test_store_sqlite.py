@@ -49,7 +49,9 @@ class TestSqliteStore(StoreConformance):
         assert store.path is not None
         with _raw(store.path) as conn:
             if step_id is None:
-                cur = conn.execute("UPDATE runs SET record = ? WHERE run_id = ?", (payload, run_id))
+                cur = conn.execute(
+                    "UPDATE run_records SET record = ? WHERE run_id = ?", (payload, run_id)
+                )
             else:
                 cur = conn.execute(
                     "UPDATE steps SET record = ? WHERE run_id = ? AND step_id = ?",
@@ -178,6 +180,104 @@ async def test_checkpoints_run_beside_the_event_loop(tmp_path: Path) -> None:
     assert path.stat().st_size > empty + 100_000
     await store.close()
     assert not threads[0].is_alive()
+
+
+# The table layout 1 (chainrt before the run record moved to its own table), as it created it.
+_LAYOUT_1 = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, status TEXT NOT NULL, created_at REAL NOT NULL,
+    updated_at REAL NOT NULL, fencing_token INTEGER NOT NULL, record TEXT NOT NULL,
+    progress TEXT, owner_host TEXT, owner_pid INTEGER, owner_expires_at REAL,
+    budget_total_ms REAL, trace TEXT, expires_at REAL
+) WITHOUT ROWID;
+CREATE INDEX runs_by_created ON runs (created_at DESC, run_id DESC);
+CREATE INDEX runs_by_status ON runs (status, created_at DESC, run_id DESC);
+CREATE INDEX runs_by_expiry ON runs (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE steps (
+    run_id TEXT NOT NULL, step_id TEXT NOT NULL, record TEXT NOT NULL,
+    PRIMARY KEY (run_id, step_id)
+) WITHOUT ROWID;
+PRAGMA user_version = 1;
+"""
+
+
+async def test_layout_1_file_is_migrated_and_keeps_its_runs(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    run = make_run("kept")
+    step = make_step()
+    conn = _raw(path)
+    conn.executescript(_LAYOUT_1)
+    conn.execute(
+        "INSERT INTO runs VALUES (?, 'running', ?, ?, 1, ?, ?, 'host-a', 4242, ?, 9000.0, NULL, "
+        "NULL)",
+        (
+            run.run_id,
+            run.created_at,
+            run.updated_at,
+            run.model_dump_json(by_alias=True),
+            RunProgress(status="running", budget_used_ms=12.5).model_dump_json(),
+            run.owner.expires_at if run.owner else None,
+        ),
+    )
+    conn.execute(
+        "INSERT INTO steps VALUES (?, ?, ?)",
+        (run.run_id, step.step_id, step.model_dump_json(by_alias=True)),
+    )
+    conn.close()
+
+    store = SQLiteStore(path)
+    loaded = await store.get_run("kept")
+    assert (loaded.input, loaded.spec) == (run.input, run.spec)
+    assert (loaded.budget_used_ms, loaded.budget_total_ms) == (12.5, 9000.0)
+    assert loaded.owner is not None
+    assert loaded.owner.pid == 4242
+    assert await store.get_steps("kept") == {"intent": step}
+    await store.commit("kept", 1, RunProgress(status="completed", budget_used_ms=20.0))
+    assert (await store.get_run("kept")).status == "completed"
+    await store.create_run(make_run("new"))
+    assert [r.run_id for r in await store.list_runs()] == ["new", "kept"]
+    await store.close()
+
+    conn = _raw(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
+    assert "record" not in columns
+    indexes = {row[1] for row in conn.execute("PRAGMA index_list(runs)")}
+    assert {"runs_by_created", "runs_by_status", "runs_by_expiry"} <= indexes
+    conn.close()
+    await SQLiteStore(path).close()  # a migrated file opens again as it is
+
+
+async def _log_growth_of_commits(path: Path, steps_in_spec: int, commits: int) -> int:
+    """Bytes the write-ahead log grows by over ``commits`` step commits of one run."""
+    spec = {
+        "name": "long",
+        "budget": 60_000.0,
+        "steps": [{"id": f"s{i}", "tool": "tools.py:noop"} for i in range(steps_in_spec)],
+    }
+    store = SQLiteStore(path)
+    await store.create_run(make_run(spec=spec))
+    wal = path.with_name(path.name + "-wal")
+    before = wal.stat().st_size
+    for k in range(commits):
+        progress = RunProgress(status="running", budget_used_ms=float(k))
+        await store.commit("run-1", 1, progress, make_step(f"s{k}"))
+    grown = wal.stat().st_size - before
+    await store.close()
+    return grown
+
+
+async def test_a_commit_writes_as_much_for_a_long_chain_as_for_a_short_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 12, finding 15: a commit must not rewrite the stored spec. Ten commits (far below a
+    background checkpoint, which would restart the log) of a 3,000-step run (a spec of ~120 KB)
+    grow the log as those of a 1-step run do. (The layout that kept the spec in the row the
+    commit updates grew it by 412 KB here, against 136 KB for the 1-step run.)"""
+    short = await _log_growth_of_commits(tmp_path / "short.db", 1, 10)
+    long = await _log_growth_of_commits(tmp_path / "long.db", 3000, 10)
+    assert short > 0
+    assert long <= short + 64 * 1024, (short, long)
 
 
 def test_public_names() -> None:

@@ -46,19 +46,21 @@ __all__ = ["SQLiteStore"]
 
 logger = logging.getLogger("chainrt.store")
 
-_LAYOUT_VERSION = 1  # PRAGMA user_version of the tables below
+_LAYOUT_VERSION = 2  # PRAGMA user_version of the tables below (1: the record lived in runs)
 _PURGE_EVERY_S = 60.0  # create_run purges expired runs at most this often
 _CHECKPOINT_EVERY = 256  # write transactions between two background checkpoints
 _BACKSTOP_CHECKPOINT_PAGES = 16_000  # inline checkpoint only if the thread falls far behind
 
-_SCHEMA = """
+# The run as created (spec, input: tens of KB for a long chain) sits in run_records, apart from
+# the few fields every commit changes: an UPDATE rewrites the whole row, and a commit that
+# rewrote the spec would cost more the longer the chain (issue 12, finding 15).
+_RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     status TEXT NOT NULL,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     fencing_token INTEGER NOT NULL,
-    record TEXT NOT NULL,           -- RunRecord JSON as created (spec, input, budget ...)
     progress TEXT,                  -- RunProgress JSON of the latest commit
     owner_host TEXT,
     owner_pid INTEGER,
@@ -66,32 +68,54 @@ CREATE TABLE IF NOT EXISTS runs (
     budget_total_ms REAL,           -- set by a commit that gives a new budget, else NULL
     trace TEXT,                     -- set by a commit that gives new trace ids, else NULL
     expires_at REAL                 -- set once the run is final: purged after this
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC, run_id DESC);
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC, run_id DESC);
-CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expires_at) WHERE expires_at IS NOT NULL;
+) WITHOUT ROWID"""
+_SCHEMA = (
+    _RUNS_TABLE,
+    "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC, run_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC, run_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expires_at) WHERE expires_at IS NOT NULL",
+    """
+CREATE TABLE IF NOT EXISTS run_records (
+    run_id TEXT PRIMARY KEY,
+    record TEXT NOT NULL            -- RunRecord JSON as created, written once
+)""",
+    """
 CREATE TABLE IF NOT EXISTS steps (
     run_id TEXT NOT NULL,
     step_id TEXT NOT NULL,
     record TEXT NOT NULL,           -- StepRecord JSON
     PRIMARY KEY (run_id, step_id)
-) WITHOUT ROWID;
-"""
+) WITHOUT ROWID""",
+)
+# Layout 1 -> 2: the record column moves out of runs into run_records (rebuilding runs works on
+# every SQLite version, where DROP COLUMN needs 3.35). Its indexes go with the old table and
+# are made again by _SCHEMA.
+_MIGRATE_FROM_1 = (
+    "CREATE TABLE run_records (run_id TEXT PRIMARY KEY, record TEXT NOT NULL)",
+    "INSERT INTO run_records (run_id, record) SELECT run_id, record FROM runs",
+    "ALTER TABLE runs RENAME TO runs_layout_1",
+    _RUNS_TABLE,
+    "INSERT INTO runs SELECT run_id, status, created_at, updated_at, fencing_token, progress, "
+    "owner_host, owner_pid, owner_expires_at, budget_total_ms, trace, expires_at "
+    "FROM runs_layout_1",
+    "DROP TABLE runs_layout_1",
+)
 
 # Every query spells out "(expires_at IS NULL OR expires_at > ?)": a run past its TTL is gone
 # for readers at once, whether or not a purge has deleted its rows yet.
 _SELECT_RUN = (
-    "SELECT run_id, status, fencing_token, record, progress, owner_host, owner_pid, "
-    "owner_expires_at, updated_at, budget_total_ms, trace FROM runs "
+    "SELECT runs.run_id, status, fencing_token, run_records.record, progress, owner_host, "
+    "owner_pid, owner_expires_at, updated_at, budget_total_ms, trace FROM runs "
+    "JOIN run_records ON run_records.run_id = runs.run_id "
 )
-_GET_RUN_SQL = _SELECT_RUN + "WHERE run_id = ? AND (expires_at IS NULL OR expires_at > ?)"
+_GET_RUN_SQL = _SELECT_RUN + "WHERE runs.run_id = ? AND (expires_at IS NULL OR expires_at > ?)"
 _LIST_SQL = (
     _SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) "
-    "ORDER BY created_at DESC, run_id DESC LIMIT ?"
+    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
 )
 _LIST_STATUS_SQL = (
     _SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) AND status = ? "
-    "ORDER BY created_at DESC, run_id DESC LIMIT ?"
+    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
 )
 _COMMIT_SQL = (
     "UPDATE runs SET status = ?, progress = ?, updated_at = ?, expires_at = ?, "
@@ -101,14 +125,23 @@ _COMMIT_SQL = (
     "owner_expires_at = CASE WHEN ? THEN NULL ELSE owner_expires_at END "
     "WHERE run_id = ? AND fencing_token = ? AND (expires_at IS NULL OR expires_at > ?)"
 )
-# At most 1000 runs per purge keeps one purge short on the event loop.
-_PURGE_STEPS_SQL = (
+# At most 1000 runs per purge keeps one purge short on the event loop. The same subquery picks
+# the same runs in each statement (one transaction, one ``now``); runs goes last.
+_PURGE_SQL = (
     "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs "
-    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)"
-)
-_PURGE_RUNS_SQL = (
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
+    "DELETE FROM run_records WHERE run_id IN (SELECT run_id FROM runs "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
     "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs "
-    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)"
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
+)
+# A run past its TTL but not purged yet must not block a new run of the same id.
+_DROP_EXPIRED_SQL = (
+    "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
+    "AND expires_at <= ?)",
+    "DELETE FROM run_records WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
+    "AND expires_at <= ?)",
+    "DELETE FROM runs WHERE run_id = ? AND expires_at <= ?",
 )
 _UPSERT_STEP_SQL = (
     "INSERT INTO steps (run_id, step_id, record) VALUES (?, ?, ?) "
@@ -173,25 +206,19 @@ class SQLiteStore(CheckpointStore):
         owner = run.owner
         expires_at = now + self.record_ttl_s if run.status in FINAL_STATUSES else None
         with self._transaction() as conn:
-            # A run past its TTL but not purged yet must not block a new run of the same id.
-            conn.execute(
-                "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
-                "AND expires_at <= ?)",
-                (run_id, now),
-            )
-            conn.execute("DELETE FROM runs WHERE run_id = ? AND expires_at <= ?", (run_id, now))
+            for sql in _DROP_EXPIRED_SQL:
+                conn.execute(sql, (run_id, now))
             try:
                 conn.execute(
                     "INSERT INTO runs (run_id, status, created_at, updated_at, fencing_token, "
-                    "record, progress, owner_host, owner_pid, owner_expires_at, expires_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                    "progress, owner_host, owner_pid, owner_expires_at, expires_at) "
+                    "VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
                     (
                         run_id,
                         run.status,
                         run.created_at,
                         run.updated_at,
                         run.fencing_token,
-                        data,
                         owner.host if owner else None,
                         owner.pid if owner else None,
                         owner.expires_at if owner else None,
@@ -200,7 +227,7 @@ class SQLiteStore(CheckpointStore):
                 )
             except sqlite3.IntegrityError:
                 stored = conn.execute(
-                    "SELECT record FROM runs WHERE run_id = ?", (run_id,)
+                    "SELECT record FROM run_records WHERE run_id = ?", (run_id,)
                 ).fetchone()
                 if stored is not None and stored[0] == data:
                     return  # the very same create sent again (a retry): already done
@@ -208,6 +235,9 @@ class SQLiteStore(CheckpointStore):
                     f"run {run_id!r} already exists in {self.url}; choose another run id, "
                     "or resume that run"
                 ) from None
+            conn.execute(
+                "INSERT OR REPLACE INTO run_records (run_id, record) VALUES (?, ?)", (run_id, data)
+            )
         if now - self._last_purge > _PURGE_EVERY_S:
             self._purge()
 
@@ -368,16 +398,34 @@ class SQLiteStore(CheckpointStore):
             conn.execute("PRAGMA synchronous = NORMAL")
             # Checkpoints run on the _Checkpointer's thread; this is only the backstop.
             conn.execute(f"PRAGMA wal_autocheckpoint = {_BACKSTOP_CHECKPOINT_PAGES}")
+            self._bring_layout(conn)
+        self._purge()
+        return conn
+
+    def _bring_layout(self, conn: sqlite3.Connection) -> None:
+        """Create the tables, or bring an older layout up to this one, in one write transaction.
+
+        The layout version is read inside the transaction: of several processes opening an old
+        file at once, the first migrates it and the others find it migrated.
+        """
+        conn.execute("BEGIN IMMEDIATE")
+        try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > _LAYOUT_VERSION:
-                conn.close()
                 raise CheckpointError(
                     f"the SQLite store {self.url} was created by a newer chainrt (table layout "
                     f"{version}, this one knows {_LAYOUT_VERSION}); upgrade chainrt"
                 )
-            conn.executescript(f"BEGIN;{_SCHEMA}PRAGMA user_version = {_LAYOUT_VERSION};COMMIT;")
-        self._purge()
-        return conn
+            migrate = _MIGRATE_FROM_1 if version == 1 else ()
+            for statement in (*migrate, *_SCHEMA):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {_LAYOUT_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            conn.close()
+            raise
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
@@ -428,8 +476,8 @@ class SQLiteStore(CheckpointStore):
         now = time.time()
         self._last_purge = now
         with self._transaction() as conn:
-            conn.execute(_PURGE_STEPS_SQL, (now,))
-            conn.execute(_PURGE_RUNS_SQL, (now,))
+            for sql in _PURGE_SQL:
+                conn.execute(sql, (now,))
 
     def _assemble(self, row: tuple[Any, ...]) -> RunRecord:
         run_id, status, token, raw, raw_progress, host, pid, owner_expires_at, updated_at = row[:9]
