@@ -248,6 +248,27 @@ async def test_layout_1_file_is_migrated_and_keeps_its_runs(tmp_path: Path) -> N
     await SQLiteStore(path).close()  # a migrated file opens again as it is
 
 
+async def test_layout_1_file_opened_read_only_is_read_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    run = make_run("kept")
+    conn = _raw(path)
+    conn.executescript(_LAYOUT_1)
+    conn.execute(
+        "INSERT INTO runs VALUES (?, 'partial', ?, ?, 1, ?, NULL, NULL, NULL, NULL, NULL, NULL, "
+        "NULL)",
+        (run.run_id, run.created_at, run.updated_at, run.model_dump_json(by_alias=True)),
+    )
+    conn.close()
+    before = path.read_bytes()
+
+    store = SQLiteStore(path, read_only=True)
+    loaded = await store.get_run("kept")
+    assert (loaded.status, loaded.spec) == ("partial", run.spec)
+    assert [r.run_id for r in await store.list_runs()] == ["kept"]
+    await store.close()
+    assert path.read_bytes() == before  # not migrated: nothing was written
+
+
 async def _log_growth_of_commits(path: Path, steps_in_spec: int, commits: int) -> int:
     """Bytes the write-ahead log grows by over ``commits`` step commits of one run."""
     spec = {

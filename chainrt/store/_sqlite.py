@@ -185,11 +185,13 @@ class SQLiteStore(CheckpointStore):
         if self.read_only and self.path is not None:
             self._conn = connect_read_only(
                 self.path,
-                _SCHEMA,
+                ";".join(_SCHEMA) + ";",
                 url=self.url,
                 layout_version=_LAYOUT_VERSION,
                 busy_timeout_s=busy_timeout_s,
             )
+            with self._guard():
+                _read_layout_1(self._conn)
             return
         self._conn = self._open()
         if self.path is not None:
@@ -516,6 +518,13 @@ class SQLiteStore(CheckpointStore):
 
     def _not_found(self, run_id: str) -> RunNotFound:
         return not_found(run_id, self.url)
+
+
+def _read_layout_1(conn: sqlite3.Connection) -> None:
+    """A layout-1 file opened read-only cannot be migrated: a temporary view (in the connection's
+    own temp database, written nowhere) gives the queries the run_records table they read."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+        conn.execute("CREATE TEMP VIEW run_records AS SELECT run_id, record FROM main.runs")
 
 
 def _default_ttl() -> float:
