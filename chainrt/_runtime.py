@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,7 @@ class Runtime:
     ``store`` and ``pool`` take a URL / path or an object (objects passed in are not closed);
     both default to the settings (``CHAINRT_STORE``, ``CHAINRT_POOL``). ``progress`` hears of
     every run. ``host`` names this runtime's owner leases (default: the host name).
+    ``interceptors`` wrap every run and step (after tracing's, when tracing is on).
     """
 
     runner: Runner
@@ -88,8 +89,10 @@ class Runtime:
         progress: Progress = NO_PROGRESS,
         trace: bool = False,
         host: str | None = None,
+        interceptors: Sequence[RunInterceptor] = (),
     ) -> None:
         self._args = (store, pool, limiter, hooks, progress, trace, host)
+        self._extra_interceptors = tuple(interceptors)
         self._owned: list[Any] = []
         self._opened = False
         self._active: dict[str, asyncio.Task[RunResult]] = {}
@@ -139,6 +142,7 @@ class Runtime:
             store_obj = TracedStore(store_obj, hooks)
             limiter = TracedLimiter(limiter, hooks)
             interceptors.append(TracingInterceptor(hooks))
+        interceptors.extend(self._extra_interceptors)
         allowed = tuple(m.strip() for m in settings.allowed_modules.split(",") if m.strip())
         self.runner = Runner(
             store_obj,
@@ -240,9 +244,7 @@ class Runtime:
         try:
             while (event := await events.get()) is not None:
                 yield event
-            result = await task  # raises what the run raised
-            if result.status == "cancelled":
-                yield RunEvent("run_finished", run_id, _now(), data=result.model_dump(mode="json"))
+            await task  # raises what the run raised
         finally:
             self.unlisten(run_id, events.put_nowait)
             if not task.done():
@@ -319,6 +321,10 @@ class Runtime:
             result = await self._cancelled_result(run_id)
             if result is None:
                 raise
+            # A run stopped by cancellation reports no end: its event stream gets one here.
+            self._emit(
+                RunEvent("run_finished", run_id, _now(), data=result.model_dump(mode="json"))
+            )
             return result
         finally:
             if self._active.get(run_id) is task:

@@ -23,7 +23,9 @@ from .._durations import MIN_BUDGET_MS, parse_duration_ms
 from .._hooks import NO_HOOKS
 from .._progress import NO_PROGRESS, Progress
 from ..errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
+from . import _service
 from ._input import read_input
+from ._service import add_commands
 
 if TYPE_CHECKING:
     from .._result import RunResult
@@ -85,7 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     _common(resume)
 
     runs = sub.add_parser("runs", help="list runs")
-    runs.add_argument("--status", choices=["running", "completed", "partial", "rejected", "failed"])
+    runs.add_argument(
+        "--status",
+        choices=["queued", "running", "completed", "partial", "rejected", "failed", "cancelled"],
+    )
     runs.add_argument("--limit", type=int, default=50)
     runs.add_argument(
         "--store",
@@ -109,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("paths", nargs="+")
 
     sub.add_parser("schema", help="print the JSON Schema of the chain format")
+    add_commands(sub)  # serve, submit, cancel
     return parser
 
 
@@ -354,7 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("run", "resume"):
             code = _run_stoppable(args)
         else:
-            handler = {"runs": _runs, "inspect": _inspect}[args.command]
+            handler = {
+                "runs": _runs,
+                "inspect": _inspect,
+                "serve": _service.serve,
+                "submit": lambda a: _service.submit(a, read_input),
+                "cancel": _service.cancel,
+            }[args.command]
             code = asyncio.run(handler(args))
         sys.stdout.flush()  # here, where a closed pipe is still caught below
         return code

@@ -1,0 +1,259 @@
+"""The HTTP API of ``chainrt serve`` (DESIGN §12) on FastAPI (Starlette + uvicorn underneath,
+as the worker's server).
+
+:func:`create_app` builds the ASGI app around a :class:`~chainrt.serve.Service`; ``routes``
+adds more (the dashboard mounts ``/ui/`` that way). Errors are one JSON shape,
+``{"error": {"type", "message", "field"?}}``; a bad body is a 422 whose message names the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute
+
+from .._durations import parse_duration_ms
+from .._errors import ChainRTError, CheckpointError, InputError, RunNotFound, StoreUnavailable
+from ..store._records import RunRecord
+from ._metrics import ServeMetrics
+from ._models import (
+    ChainInfo,
+    ErrorBody,
+    ResumeRequest,
+    RunAccepted,
+    RunSummary,
+    SubmitRequest,
+)
+from ._service import Service, UnknownChain
+
+__all__ = ["create_app"]
+
+_MAX_WAIT_S = 300.0
+_KEEPALIVE_S = 15.0
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+}
+
+
+def _error(status: int, kind: str, message: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"type": kind, "message": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def _summary(run: RunRecord) -> RunSummary:
+    return RunSummary(
+        run_id=run.run_id,
+        chain=run.chain,
+        status=run.status,
+        budget={"total_ms": run.budget_total_ms, "used_ms": run.budget_used_ms},
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+    )
+
+
+def create_app(
+    service: Service, *, routes: Sequence[BaseRoute] = (), manage: bool = True
+) -> FastAPI:
+    """The ASGI app of ``service``. ``routes`` are added as they are; with ``manage`` the app's
+    lifespan starts the service and stops (drains) it."""
+    metrics = ServeMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage:
+            await service.start()
+        service.runtime.event_sinks.append(metrics.observe)
+        try:
+            yield
+        finally:
+            if manage:
+                await service.stop()
+
+    app = FastAPI(
+        title="chainrt serve",
+        version="1",
+        summary="Submit, watch and cancel chain runs; runs are queued and run by the fleet.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid"}
+        if first.get("type") == "json_invalid":
+            error = (first.get("ctx") or {}).get("error", "")
+            return _error(422, "invalid_request", f"the body is not valid JSON: {error}".strip())
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        field = ".".join(loc) or None
+        if field is None and first.get("type") in ("model_attributes_type", "dict_type"):
+            message = "the body must be a JSON object (send Content-Type: application/json)"
+            return _error(422, "invalid_request", message)
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        return _error(422, "invalid_request", message, field)
+
+    @app.exception_handler(RunNotFound)
+    async def not_found(request: Request, exc: RunNotFound) -> JSONResponse:
+        return _error(404, "run_not_found", exc.message)
+
+    @app.exception_handler(UnknownChain)
+    async def unknown_chain(request: Request, exc: UnknownChain) -> JSONResponse:
+        return _error(404, "chain_not_found", exc.message, "chain")
+
+    @app.exception_handler(InputError)
+    async def bad_input(request: Request, exc: InputError) -> JSONResponse:
+        return _error(422, "invalid_input", exc.message, "input")
+
+    @app.exception_handler(ChainRTError)
+    async def runtime_error(request: Request, exc: ChainRTError) -> JSONResponse:
+        if isinstance(exc, StoreUnavailable):
+            status = 503
+        elif isinstance(exc, CheckpointError):
+            status = 409  # e.g. resuming a completed run
+        else:
+            status = 500
+        return _error(status, type(exc).__name__, exc.message)
+
+    @app.post(
+        "/v1/runs",
+        status_code=202,
+        response_model=RunAccepted,
+        responses={200: {"model": RunAccepted}, **_ERRORS},
+    )
+    async def submit(body: SubmitRequest) -> Response:
+        """Queue a run. The same ``run_id`` with the same body again answers 200 and that run;
+        with another body, 409."""
+        outcome = await service.submit(body)
+        accepted = {"run_id": outcome.run.run_id, "status": outcome.run.status}
+        if outcome.kind == "conflict":
+            return _error(
+                409,
+                "run_id_conflict",
+                f"run {outcome.run.run_id} exists with another chain, input or budget",
+                "run_id",
+            )
+        return JSONResponse(accepted, status_code=202 if outcome.kind == "created" else 200)
+
+    @app.get("/v1/runs/{run_id}", responses=_ERRORS)
+    async def get_run(
+        run_id: str,
+        wait: str | None = Query(None, description='Wait until the run is final: "10s".'),
+    ) -> dict[str, Any]:
+        """The run as ``chainrt run --json`` prints it."""
+        wait_s = 0.0
+        if wait is not None:
+            try:
+                wait_s = min(parse_duration_ms(wait, what="wait") / 1000, _MAX_WAIT_S)
+            except ChainRTError as exc:
+                raise RequestValidationError(
+                    [{"loc": ("query", "wait"), "msg": exc.message, "type": "value_error"}]
+                ) from None
+        result = await service.result(run_id, wait_s)
+        return result.model_dump(mode="json")
+
+    @app.get("/v1/runs", response_model=list[RunSummary])
+    async def list_runs(
+        status: str | None = Query(None, description="Only runs with this status."),
+        chain: str | None = Query(None, description="Only runs of this chain."),
+        limit: int = Query(50, ge=1, le=1000),
+    ) -> list[RunSummary]:
+        """Runs, newest first."""
+        store = service.runtime.store
+        wanted: Any = status
+        runs = await store.list_runs(status=wanted, limit=limit if chain is None else 1000)
+        if chain is not None:
+            runs = [r for r in runs if r.chain == chain][:limit]
+        return [_summary(r) for r in runs]
+
+    @app.get("/v1/chains", response_model=list[ChainInfo])
+    async def chains() -> list[ChainInfo]:
+        """The chains this runner serves, with their declared inputs."""
+        return [
+            ChainInfo(name=c.name, description=c.spec.description, inputs=dict(c.spec.inputs))
+            for c in sorted(service.chains.values(), key=lambda c: c.name)
+        ]
+
+    @app.post(
+        "/v1/runs/{run_id}/cancel", status_code=202, response_model=RunAccepted, responses=_ERRORS
+    )
+    async def cancel(run_id: str) -> RunAccepted:
+        """Cancel a run: a queued one never starts, a running one stops within a second."""
+        result = await service.cancel(run_id)
+        return RunAccepted(run_id=run_id, status=result.status)
+
+    @app.post(
+        "/v1/runs/{run_id}/resume", status_code=202, response_model=RunAccepted, responses=_ERRORS
+    )
+    async def resume(run_id: str, body: ResumeRequest | None = None) -> RunAccepted:
+        """Queue a resume of a run that stopped (partial, failed, rejected, cancelled)."""
+        record = await service.resume(run_id, body.budget if body else None)
+        return RunAccepted(run_id=run_id, status=record.status)
+
+    @app.get("/v1/runs/{run_id}/events", responses=_ERRORS)
+    async def events(run_id: str) -> StreamingResponse:
+        """Server-Sent Events: the run's history, then live events, ending after run_finished."""
+        await service.runtime.store.get_run(run_id)  # 404 before the stream starts
+
+        async def stream() -> AsyncIterator[bytes]:
+            source = service.events(run_id).__aiter__()
+            pending = asyncio.ensure_future(source.__anext__())
+            try:
+                while True:
+                    done, _ = await asyncio.wait({pending}, timeout=_KEEPALIVE_S)
+                    if not done:
+                        yield b": keep-alive\n\n"
+                        continue
+                    try:
+                        event = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    body = json.dumps(event.to_dict(), ensure_ascii=False)
+                    yield f"event: {event.type}\ndata: {body}\n\n".encode()
+                    pending = asyncio.ensure_future(source.__anext__())
+            finally:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+                with contextlib.suppress(BaseException):
+                    await source.aclose()  # type: ignore[attr-defined]
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        """The process answers."""
+        return {"status": "live"}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        """Ready: the store answers and chains are loaded."""
+        ok, why = await service.ready()
+        return JSONResponse(
+            {"status": "ready" if ok else "not_ready", "reason": why},
+            status_code=200 if ok else 503,
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus metrics."""
+        metrics.in_flight.set(service.in_flight())
+        with contextlib.suppress(Exception):
+            for depth in await service.queue.depth():
+                metrics.queue_depth.labels(priority=depth.priority).set(depth.waiting)
+                metrics.queue_age.labels(priority=depth.priority).set(depth.oldest_age_s)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.router.routes.extend(routes)
+    return app

@@ -1,0 +1,145 @@
+"""A fleet of ``chainrt serve`` processes on one real Redis: priority, kill -9 takeover, drain."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chainrt.testing.serve_process import ServeProcess
+
+CHAINS = Path(__file__).parent / "data" / "serve"
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def call_log(tmp_path: Path) -> Path:
+    return tmp_path / "calls.jsonl"
+
+
+def calls(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def runner(redis_url: str, call_log: Path, **kw: object) -> ServeProcess:
+    env = {"CHAINRT_TEST_LOG": str(call_log), "CHAINRT_LEASE_TTL_S": "3"}
+    return ServeProcess(store=redis_url, chains=CHAINS, env=env, **kw)  # type: ignore[arg-type]
+
+
+def wait_final(r: ServeProcess, run_id: str, timeout_s: float = 120) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            got = r.get(f"/v1/runs/{run_id}", params={"wait": "10s"}).json()
+        except httpx.HTTPError:
+            time.sleep(0.2)
+            continue
+        if got["status"] not in ("queued", "running"):
+            return dict(got)
+    raise AssertionError(f"run {run_id} not final in {timeout_s}s")
+
+
+def test_critical_runs_start_before_the_low_runs_still_queued(
+    redis_url: str, call_log: Path
+) -> None:
+    with runner(redis_url, call_log, max_runs=1) as r:
+        for i in range(20):
+            body = {
+                "chain": "nap",
+                "input": {"seconds": 0.1, "label": f"low-{i}"},
+                "run_id": f"low-{i}",
+                "priority": "low",
+            }
+            assert r.post("/v1/runs", json=body).status_code == 202
+        while not calls(call_log):
+            time.sleep(0.01)
+        for i in range(3):
+            body = {
+                "chain": "nap",
+                "input": {"seconds": 0.1, "label": f"crit-{i}"},
+                "run_id": f"crit-{i}",
+                "priority": "critical",
+            }
+            assert r.post("/v1/runs", json=body).status_code == 202
+        started_before = {c["run"] for c in calls(call_log)}
+        for i in range(20):
+            assert wait_final(r, f"low-{i}")["status"] == "completed"
+    order = [str(c["run"]) for c in calls(call_log)]
+    assert len(order) == 23
+    # One slot: at most the low run taken as the criticals were submitted goes before them.
+    first_crit = min(order.index(f"crit-{i}") for i in range(3))
+    last_crit = max(order.index(f"crit-{i}") for i in range(3))
+    assert last_crit - first_crit == 2  # the three criticals back to back...
+    assert first_crit <= len(started_before) + 1  # ...right after what had already started
+    assert all(o.startswith("low-") for o in order[last_crit + 1 :])
+    assert len(order[last_crit + 1 :]) >= 20 - len(started_before) - 1
+
+
+@pytest.mark.slow
+def test_fleet_drill_kill_9_runner_and_every_run_completes_once(
+    redis_url: str, call_log: Path
+) -> None:
+    runners = [runner(redis_url, call_log, max_runs=8).start() for _ in range(3)]
+    try:
+        ids = [f"fleet-{i}" for i in range(50)]
+        for n, run_id in enumerate(ids):
+            body = {"chain": "ten", "input": {"seconds": 0.02}, "run_id": run_id}
+            assert runners[n % 3].post("/v1/runs", json=body).status_code == 202
+        while len(calls(call_log)) < 100:  # the fleet is busy: kill one mid-run
+            time.sleep(0.01)
+        victim = runners[1]
+        victim_pid = victim.pid
+        victim.kill()
+        time.sleep(0.5)
+        victim.start()
+        results = [wait_final(runners[0], run_id) for run_id in ids]
+    finally:
+        for r in runners:
+            r.stop()
+    assert [(res["status"], res["output"]) for res in results] == [("completed", 45)] * 50
+    log = calls(call_log)
+    per_step = Counter((c["run"], c["step"]) for c in log)
+    assert len(per_step) == 500  # every step of every run ran
+    twice = [key for key, n in per_step.items() if n > 1]
+    assert all(per_step[key] == 2 for key in twice)  # never more than once more...
+    # ...and only the step in flight when its runner was killed: one per run at most, first
+    # run by the killed process.
+    assert len({run for run, _ in twice}) == len(twice)
+    for run, step in twice:
+        first = next(c for c in log if (c["run"], c["step"]) == (run, step))
+        assert first["pid"] == victim_pid
+
+
+@pytest.mark.slow
+def test_sigterm_drains_and_another_runner_finishes_the_run(redis_url: str, call_log: Path) -> None:
+    a = runner(redis_url, call_log, max_runs=4, drain="1s").start()
+    b = runner(redis_url, call_log, max_runs=4, drain="1s").start()
+    try:
+        body = {"chain": "ten", "input": {"seconds": 0.3}, "run_id": "drained"}
+        assert a.post("/v1/runs", json=body).status_code == 202
+        while len(calls(call_log)) < 3:
+            time.sleep(0.01)
+        owner_pid = calls(call_log)[0]["pid"]
+        owner, other = (a, b) if owner_pid == a.pid else (b, a)
+        stopped_at = time.time()
+        owner.terminate()
+        assert owner.wait(timeout=20) == 0
+        result = wait_final(other, "drained")
+    finally:
+        a.stop()
+        b.stop()
+    assert (result["status"], result["output"]) == ("completed", 45)
+    log = calls(call_log)
+    assert sorted(str(c["step"]) for c in log) == sorted(f"s{i}" for i in range(10))  # no re-run
+    handed = [c for c in log if c["pid"] != owner_pid]
+    assert handed, "the other runner continued the run"
+    # The next step started on the other runner within the drain (1 s) plus about a second;
+    # 4 s more leaves room for a loaded 2-core machine.
+    assert float(str(handed[0]["t"])) - stopped_at < 1.0 + 2.0 + 4.0
