@@ -74,7 +74,7 @@ def test_compose_cli_accepts_the_file() -> None:
 
 
 def test_every_part_of_the_system_is_a_service(services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == {"redis", "jaeger", "worker-cpu", "worker-gpu", "runner"}
+    assert set(services) == {"redis", "jaeger", "worker-cpu", "worker-gpu", "runner", "api"}
 
 
 def test_jaeger_is_v2_and_receives_otlp_on_both_ports(services: dict[str, dict[str, Any]]) -> None:
@@ -198,3 +198,29 @@ def test_dockerfile_extras_and_compose_commands_exist_in_the_package(
         command = service.get("command")
         if command and command[0].startswith("chainrt"):
             assert command[0] in scripts, f"{name} runs {command[0]}, not a console script"
+
+
+def test_runner_is_chainrt_serve_with_two_replicas_behind_the_api_port(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    from chainrt._durations import parse_duration_ms
+
+    runner, api = services["runner"], services["api"]
+    command = runner["command"]
+    assert command[:2] == ["chainrt", "serve"]
+    port = _option(command, "--port")
+    assert _option(command, "--host") == "0.0.0.0"
+    assert runner["deploy"]["replicas"] == 2
+    assert "ports" not in runner  # two replicas cannot share a host port: the api service has it
+    assert f"127.0.0.1:{port}/health/ready" in " ".join(runner["healthcheck"]["test"])
+    drain_ms = parse_duration_ms(_option(command, "--drain"))
+    assert parse_duration_ms(runner["stop_grace_period"]) > drain_ms  # drained before the kill
+    chains = _option(command, "--chains")
+    assert any(v.endswith(f":{chains}:ro") for v in runner["volumes"])
+    assert api["ports"] == ["8080:8080"]
+    assert api["depends_on"]["runner"] == {"condition": "service_healthy"}
+    (mount,) = api["volumes"]
+    conf = (REPO / mount.split(":")[0]).read_text(encoding="utf-8")
+    assert f"server runner:{port};" in conf
+    assert "listen 8080;" in conf
+    assert "proxy_buffering off;" in conf  # event streams pass through as they come
