@@ -196,3 +196,12 @@ def test_one_warning_per_outage_and_delivery_known_per_trace(
 )
 def test_otlp_target(endpoint: str | None, protocol: str, target: tuple[str, int]) -> None:
     assert otlp_target(endpoint, protocol) == target
+
+
+def test_no_probe_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    via_proxy = ReportingExporter(OTLPSpanExporter(), ("otel.example.com", 4318))
+    direct = ReportingExporter(OTLPSpanExporter(), ("localhost", 4318))
+    assert via_proxy.probe is False  # a direct connect would say nothing about the collector
+    assert direct.probe is True

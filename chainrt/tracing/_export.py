@@ -8,7 +8,8 @@ exporter's retries at exit, and the CLI prints a Jaeger link to a trace that was
 
 - before a batch goes out it checks, with one TCP connect bounded by ``probe_timeout_s``, that
   something listens at the endpoint (a success is trusted for ``probe_ttl_s``); when nothing does,
-  the batch is dropped at once — no retry loop, so exit stays bounded;
+  the batch is dropped at once — no retry loop, so exit stays bounded (no probe when a proxy
+  variable routes the exporter's traffic: the SDK exporter then decides alone);
 - the SDK exporter's log lines are kept out of the output while it runs inside this wrapper
   (only in the exporting thread; an application's own exporters keep their logs); instead, one
   ``chainrt.tracing`` warning says when export stops working and one info line when it works again;
@@ -60,6 +61,17 @@ for _name in SDK_LOGGERS:
     logging.getLogger(_name).addFilter(_FILTER)
 
 
+def proxied(host: str) -> bool:
+    """True when the exporter would reach ``host`` through a proxy (``HTTPS_PROXY``...): a direct
+    TCP probe would then say nothing about the collector, so none is made."""
+    from urllib.request import getproxies, proxy_bypass
+
+    proxies = {k.lower(): v for k, v in getproxies().items() if v}
+    if not ({"http", "https", "grpc"} & set(proxies)):
+        return False
+    return not proxy_bypass(host)
+
+
 def otlp_target(endpoint: str | None, protocol: str) -> tuple[str, int]:
     """The ``(host, port)`` an OTLP exporter connects to, from its endpoint setting."""
     default = "localhost:4317" if protocol == "grpc" else "localhost:4318"
@@ -84,6 +96,7 @@ class ReportingExporter(SpanExporter):
         self.target = target
         self.probe_timeout_s = probe_timeout_s
         self.probe_ttl_s = probe_ttl_s
+        self.probe = not proxied(target[0])
         self.last_sdk_message: str | None = None
         self._lock = threading.Lock()
         self._probed_ok_at: float | None = None
@@ -107,6 +120,8 @@ class ReportingExporter(SpanExporter):
 
     def _listening(self) -> str | None:
         """None when something accepts connections at the target; else why not."""
+        if not self.probe:
+            return None
         now = time.monotonic()
         if self._probed_ok_at is not None and now - self._probed_ok_at < self.probe_ttl_s:
             return None
