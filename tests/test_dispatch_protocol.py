@@ -543,3 +543,37 @@ def test_parse_retry_after_http_date() -> None:
     got = parse_retry_after(value)
     assert got is not None
     assert 28 <= got <= 31
+
+
+async def test_json_schema_is_sent_and_an_answer_off_schema_is_bad_output(
+    stubs: list[Stub],
+) -> None:
+    schema = {"type": "object", "properties": {"intent": {"enum": ["refund"]}}}
+    off_schema: Reply = (
+        200,
+        {},
+        {
+            "choices": [
+                {"message": {"role": "assistant", "content": '{"intent": "banana"}'}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+        },
+    )  # fmt: skip
+    stub = await serve(stubs, lambda n, h, b: off_schema)
+    dispatcher = dispatcher_for(stub.url)
+    try:
+        answer = await dispatcher.complete(
+            call(json_output=True, json_schema=schema, static_answer='{"intent": "refund"}'),
+            time.time() + 5,
+        )
+    finally:
+        await dispatcher.close()
+    assert stub.posts[0][2]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema},
+    }
+    first = answer.attempts[0]
+    assert first.status == "bad_output"
+    assert "does not match the step's JSON Schema" in (first.detail or "")
+    assert "'banana' is not one of ['refund']" in (first.detail or "")
+    assert answer.model == "static"

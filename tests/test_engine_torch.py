@@ -182,8 +182,9 @@ async def test_bad_requests_get_clear_errors(engine: TorchEngine) -> None:
     with pytest.raises(ContextLengthExceeded) as too_long:
         await engine.generate(GenerationRequest(prompt="word " * 2100, max_tokens=2))
     assert too_long.value.prompt_tokens >= 2048
-    with pytest.raises(WorkerError, match="JSON") as json_req:
-        await engine.generate(chat("Hi", json_output=True))
+    bad_schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": "(open"}}}
+    with pytest.raises(WorkerError, match="JSON Schema") as json_req:
+        await engine.generate(chat("Hi", json_output=True, json_schema=bad_schema))
     assert not json_req.value.retryable
     with pytest.raises(WorkerError, match="messages or a prompt"):
         await engine.generate(GenerationRequest())

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator
 import psutil
 import pytest
 import pytest_asyncio
+from jsonschema import Draft202012Validator
+from structured_schemas import SCHEMAS, prompt_for
 
 from chainrt._errors import EngineDead, EngineOOM
 from workers.engines._base import (
@@ -115,6 +117,23 @@ async def test_json_output_is_valid_json(engine: VllmEngine) -> None:
     result = await engine.generate(chat(prompt, max_tokens=96, json_output=True))
     assert result.finish_reason == "stop"
     assert json.loads(result.text) == {"name": "Alice", "age": 30}
+
+
+async def test_json_schema_answers_match_twenty_schemas(engine: VllmEngine) -> None:
+    # All at once: vLLM batches them (MAX_NUM_SEQS at a time), each with its own grammar.
+    results = await asyncio.gather(
+        *(
+            engine.generate(
+                chat(prompt_for(name), max_tokens=160, json_output=True, json_schema=schema)
+            )
+            for name, schema in SCHEMAS
+        )
+    )
+    for (name, schema), result in zip(SCHEMAS, results, strict=True):
+        assert result.finish_reason == "stop", (name, result)
+        value = json.loads(result.text)
+        errors = [e.message for e in Draft202012Validator(schema).iter_errors(value)]
+        assert not errors, (name, result.text, errors)
 
 
 async def test_deadline_aborts_and_returns_partial_text(engine: VllmEngine) -> None:

@@ -71,7 +71,7 @@ BAD_REQUESTS = [
     ("several choices", "/v1/chat/completions", chat(n=3), {},
      400, "invalid_request_error", "n is not supported"),
     ("tools", "/v1/chat/completions", chat(tools=[{"type": "function"}]), {},
-     400, "invalid_request_error", "tools is not supported"),
+     400, "invalid_request_error", "function must be an object with a name"),
     ("five stop strings", "/v1/chat/completions", chat(stop=list("abcde")), {},
      400, "invalid_request_error", "at most 4"),
     ("batch of prompts", "/v1/completions",

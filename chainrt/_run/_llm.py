@@ -41,7 +41,8 @@ def llm_call(step: StepSpec, scope: dict[str, Any], run_id: str) -> LlmCall:
         messages=messages,
         max_tokens=llm.max_tokens,
         temperature=llm.temperature,
-        json_output=llm.json_output,
+        json_output=llm.json_output or llm.json_schema is not None,
+        json_schema=llm.json_schema,
         stop=llm.stop,
         fallbacks=list(step.fallbacks),
         static_answer=None

@@ -134,6 +134,7 @@ class LocalBackend(ModelBackend):
             temperature=call.temperature,
             stop=call.stop,
             json_output=call.json_output,
+            json_schema=call.json_schema,
             deadline=deadline,
             priority=PRIORITIES[call.priority],
             request_id=f"{call.run_id}:{call.step_id}",

@@ -22,6 +22,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from .._bounded import within
+from .._jsonschema import schema_violation
 from ..errors import BackendError, DispatchFailed, NoEndpoint
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, ModelBackend
@@ -380,12 +381,19 @@ def _check_answer(call: LlmCall, got: BackendAnswer) -> None:
             error_class="timeout",
             endpoint=got.endpoint,
         )
-    if call.json_output and got.finish_reason != "deadline":
+    if (call.json_output or call.json_schema is not None) and got.finish_reason != "deadline":
         try:
-            json.loads(got.text)
+            value = json.loads(got.text)
         except ValueError:
             raise BackendError(
                 f"output is not valid JSON: {got.text[:80]!r}",
                 error_class="bad_output",
                 endpoint=got.endpoint,
             ) from None
+        problem = None if call.json_schema is None else schema_violation(value, call.json_schema)
+        if problem is not None:
+            raise BackendError(
+                f"output does not match the step's JSON Schema ({problem}): {got.text[:80]!r}",
+                error_class="bad_output",
+                endpoint=got.endpoint,
+            )

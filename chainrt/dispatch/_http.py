@@ -254,7 +254,12 @@ def _body(call: LlmCall, served_model: str, max_tokens: int) -> bytes:
     }
     if call.stop:
         payload["stop"] = call.stop
-    if call.json_output:
+    if call.json_schema is not None:
+        payload["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": call.json_schema},
+        }
+    elif call.json_output:
         payload["response_format"] = {"type": "json_object"}
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..store._records import AttemptRecord
 from ..wire import Priority
@@ -20,6 +21,8 @@ class LlmCall:
     max_tokens: int = 256
     temperature: float = 0.0
     json_output: bool = False
+    json_schema: dict[str, Any] | None = None
+    """A JSON Schema the answer must match (constrained decoding at the engine; implies JSON)."""
     stop: list[str] | None = None
     fallbacks: list[str] = field(default_factory=list)
     static_answer: str | None = None

@@ -11,12 +11,18 @@ last-resort answer. Every call is one :class:`~chainrt.dispatch.LlmCall` with a 
 Streaming yields the answer as one text chunk followed by a closing chunk that carries usage and
 metadata: the dispatcher answers whole (fallbacks and the JSON check decide only on a complete
 answer), so token-by-token streaming waits for a streaming dispatcher API.
+
+Structured output and tool calling run on constrained decoding (DESIGN §7): the answer is decoded
+into a JSON Schema by the engine itself, so even the small local model returns valid JSON of the
+schema. ``bind_tools`` offers the tools in a system message and decodes the answer into a
+tool-call schema (``{"name": ..., "arguments": {...}}``), which comes back as ``tool_calls``.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
@@ -26,24 +32,42 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import ToolCall as ToolCallDict
+from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
-from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field
+
+from workers.engines import (
+    InvalidSchema,
+    ToolSpec,
+    tool_call_schema,
+    tools_instruction,
+)
 
 from .._errors import InputError
 from .._runtime import default_hooks
 from .._settings import get_settings
 from ..dispatch import Dispatcher, LlmAnswer, LlmCall, Priority, make_dispatcher
 from ._loop import on_loop, on_shutdown, run_sync
-from ._messages import to_chat_pairs, with_json_instruction
+from ._messages import to_chat_pairs, with_json_instruction, with_system_text
 from ._steps import STEP_DEADLINE
+from ._tools import tool_calls, tool_specs
+from ._tools import tool_choice as tool_choice_of
 
 __all__ = ["ChatChainrt"]
 
-_CALL_OPTIONS = frozenset({"model", "max_tokens", "temperature", "timeout", "json_mode", "schema"})
+_CALL_OPTIONS = frozenset(
+    {"model", "max_tokens", "temperature", "timeout", "json_mode", "schema", "tools", "tool_choice"}
+)
 """Per-call keyword arguments (``invoke(..., max_tokens=8)`` or ``bind(...)``) that are honoured."""
 
 _dispatchers: dict[str, Dispatcher] = {}
@@ -80,7 +104,8 @@ class ChatChainrt(BaseChatModel):
     returned, else :class:`~chainrt.dispatch.DispatchFailed` is raised.
 
     Per call, ``model``, ``max_tokens``, ``temperature``, ``timeout`` and ``json_mode`` may be
-    overridden (``llm.invoke(text, max_tokens=8)``). Tool calling is not supported.
+    overridden (``llm.invoke(text, max_tokens=8)``). ``bind_tools`` and
+    ``with_structured_output`` work through constrained decoding (one tool call per answer).
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -148,11 +173,9 @@ class ChatChainrt(BaseChatModel):
 
     def _call(
         self, messages: list[BaseMessage], stop: list[str] | None, run_id: str, options: Any
-    ) -> tuple[LlmCall, float]:
-        """The dispatcher call for ``messages`` and its deadline (unix seconds)."""
+    ) -> tuple[LlmCall, float, list[ToolSpec]]:
+        """The dispatcher call for ``messages``, its deadline (unix seconds) and bound tools."""
         unknown = sorted(set(options) - _CALL_OPTIONS - {"stream"})
-        if "tools" in unknown or "tool_choice" in unknown:
-            raise NotImplementedError(_NO_TOOLS)
         if unknown:
             raise InputError(
                 f"ChatChainrt got unsupported argument(s) {', '.join(unknown)}; per call it "
@@ -160,15 +183,21 @@ class ChatChainrt(BaseChatModel):
             )
         pairs = to_chat_pairs(messages)
         schema = options.get("schema")
-        json_mode = bool(options.get("json_mode")) or schema is not None
-        if schema is not None:
+        json_schema: dict[str, Any] | None = schema
+        tools = tool_specs(options.get("tools"))
+        choice = str(options.get("tool_choice") or "auto")
+        if tools and choice != "none":
+            json_schema = tool_call_schema(tools, choice)
+            pairs = with_system_text(pairs, tools_instruction(tools, choice) or "")
+        elif schema is not None:
             pairs = with_json_instruction(pairs, schema)
         call = LlmCall(
             model=str(options.get("model") or self.model),
             messages=pairs,
             max_tokens=int(options.get("max_tokens") or self.max_tokens),
             temperature=float(options.get("temperature", self.temperature)),
-            json_output=json_mode,
+            json_output=bool(options.get("json_mode")) or json_schema is not None,
+            json_schema=json_schema,
             stop=stop if stop is not None else self.stop,
             fallbacks=list(self.fallbacks),
             static_answer=self.static_answer,
@@ -181,7 +210,7 @@ class ChatChainrt(BaseChatModel):
         step_deadline = STEP_DEADLINE.get()
         if step_deadline is not None:  # inside a chain's runnable step: its allotment rules
             deadline = min(deadline, step_deadline)
-        return call, deadline
+        return call, deadline, tools if choice != "none" else []
 
     async def _answer(self, call: LlmCall, deadline: float) -> LlmAnswer:
         """Dispatch on the background loop, where the pool's connections live."""
@@ -201,8 +230,8 @@ class ChatChainrt(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
-        return _result(call, run_sync(self._answer(call, deadline)))
+        call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
+        return _result(call, run_sync(self._answer(call, deadline)), tools)
 
     async def _agenerate(
         self,
@@ -211,8 +240,8 @@ class ChatChainrt(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
-        return _result(call, await on_loop(self._answer(call, deadline)))
+        call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
+        return _result(call, await on_loop(self._answer(call, deadline)), tools)
 
     def _stream(
         self,
@@ -221,8 +250,8 @@ class ChatChainrt(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
-        yield from _chunks(call, run_sync(self._answer(call, deadline)))
+        call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
+        yield from _chunks(call, run_sync(self._answer(call, deadline)), tools)
 
     async def _astream(
         self,
@@ -231,21 +260,35 @@ class ChatChainrt(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        call, deadline = self._call(messages, stop, _run_id(run_manager), kwargs)
-        for chunk in _chunks(call, await on_loop(self._answer(call, deadline))):
+        call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
+        for chunk in _chunks(call, await on_loop(self._answer(call, deadline)), tools):
             yield chunk
 
     # ------------------------------------------------------------------ declarative methods
 
     def bind_tools(
         self,
-        tools: Sequence[dict[str, Any] | type | Any],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
-        tool_choice: str | None = None,
+        tool_choice: str | bool | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
-        """Not supported: chainrt workers serve plain chat completions."""
-        raise NotImplementedError(_NO_TOOLS)
+        """This model with ``tools`` offered on every call; answers may carry ``tool_calls``.
+
+        ``tools``: pydantic classes, functions, LangChain tools or OpenAI tool dicts.
+        ``tool_choice``: ``auto`` (default: a call or a text answer), ``any``/``required``/True
+        (some tool must be called), ``none``, or a tool's name (that tool must be called).
+        The answer is decoded into the tool-call schema, so a call always names a bound tool and
+        its arguments match that tool's schema. One call per answer.
+        """
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        specs = tool_specs(formatted)
+        choice = tool_choice_of(tool_choice)
+        try:
+            tool_call_schema(specs, choice)  # an unknown tool name fails here, not at invoke
+        except InvalidSchema as exc:
+            raise InputError(f"ChatChainrt.bind_tools: {exc}") from None
+        return super().bind(tools=formatted, tool_choice=choice, **kwargs)
 
     def with_structured_output(
         self,
@@ -258,11 +301,12 @@ class ChatChainrt(BaseChatModel):
     ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
         """Answers parsed into ``schema`` (pydantic class, TypedDict or JSON schema dict).
 
-        Every ``method`` runs on the workers' JSON mode (the output is constrained to valid
-        JSON). With ``json_schema`` and ``function_calling`` the schema is also given to the model
-        in a system message; with ``json_mode`` the prompt must describe the shape itself. A
-        pydantic class yields instances of it (validated), anything else a dict. ``strict`` is
-        accepted for compatibility: pydantic validation is the check.
+        ``json_schema`` (default): the answer is decoded into the schema (constrained decoding)
+        and the schema is also shown to the model in a system message. ``function_calling``: the
+        schema is bound as the one tool and its call's arguments are the answer. ``json_mode``:
+        any JSON object; the prompt must describe the shape. A pydantic class yields instances
+        of it (validated), anything else a dict. ``strict`` is accepted for compatibility: the
+        constraint already enforces the schema.
         """
         if kwargs:
             raise InputError(f"with_structured_output got unsupported argument(s) {kwargs}")
@@ -270,23 +314,32 @@ class ChatChainrt(BaseChatModel):
             raise InputError(
                 f"method must be json_schema, json_mode or function_calling, got {method!r}"
             )
-        json_schema = convert_to_json_schema(schema)
-        bound: dict[str, Any] = {
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        ls_format = {
             "ls_structured_output_format": {
                 "kwargs": {"method": method, "strict": strict},
                 "schema": schema,
             }
         }
-        if method == "json_mode":
-            bound["json_mode"] = True
-        else:
-            bound["schema"] = json_schema
-        llm = self.bind(**bound)
+        llm: Runnable[Any, Any]
         parser: Runnable[Any, Any]
-        if isinstance(schema, type) and is_basemodel_subclass(schema):
-            parser = PydanticOutputParser(pydantic_object=schema)
+        if method == "function_calling":
+            tool = convert_to_openai_tool(schema)
+            name = str(tool["function"]["name"])
+            llm = self.bind_tools([tool], tool_choice=name, **ls_format)
+            if is_pydantic:
+                parser = PydanticToolsParser(tools=[schema], first_tool_only=True)
+            else:
+                parser = JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
         else:
-            parser = JsonOutputParser()
+            if method == "json_mode":
+                llm = self.bind(json_mode=True, **ls_format)
+            else:
+                llm = self.bind(schema=convert_to_json_schema(schema), **ls_format)
+            if is_pydantic:
+                parser = PydanticOutputParser(pydantic_object=schema)
+            else:
+                parser = JsonOutputParser()
         if not include_raw:
             return llm | parser
         with_parsed = RunnablePassthrough.assign(
@@ -296,13 +349,6 @@ class ChatChainrt(BaseChatModel):
         return RunnableMap(raw=llm) | with_parsed.with_fallbacks(
             [without], exception_key="parsing_error"
         )
-
-
-_NO_TOOLS = (
-    "ChatChainrt does not support tool calling: chainrt workers serve plain chat completions. "
-    "Use with_structured_output(...) (JSON mode) for structured answers, or a `tool` step in a "
-    "chain for function calls."
-)
 
 
 def _run_id(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None) -> str:
@@ -327,11 +373,18 @@ def _metadata(call: LlmCall, answer: LlmAnswer) -> dict[str, Any]:
     }
 
 
-def _result(call: LlmCall, answer: LlmAnswer) -> ChatResult:
+def _result(call: LlmCall, answer: LlmAnswer, tools: list[ToolSpec]) -> ChatResult:
+    text, calls = tool_calls(answer, tools)
+    metadata = _metadata(call, answer)
+    if calls:
+        metadata["finish_reason"] = "tool_calls"
     message = AIMessage(
-        content=answer.text,
+        content=text,
+        tool_calls=[
+            ToolCallDict(name=c.name, args=c.arguments, id=c.id, type="tool_call") for c in calls
+        ],
         usage_metadata=_usage(answer),
-        response_metadata=_metadata(call, answer),
+        response_metadata=metadata,
     )
     usage = {
         "prompt_tokens": answer.prompt_tokens,
@@ -344,15 +397,30 @@ def _result(call: LlmCall, answer: LlmAnswer) -> ChatResult:
     )
 
 
-def _chunks(call: LlmCall, answer: LlmAnswer) -> Iterator[ChatGenerationChunk]:
-    """The text, then a closing chunk: usage and metadata appear once, so merging adds no twice."""
-    if answer.text:
-        yield ChatGenerationChunk(message=AIMessageChunk(content=answer.text))
+def _chunks(
+    call: LlmCall, answer: LlmAnswer, tools: list[ToolSpec]
+) -> Iterator[ChatGenerationChunk]:
+    """The text (or the tool call), then a closing chunk: usage and metadata appear once, so
+    merging adds no twice."""
+    text, calls = tool_calls(answer, tools)
+    if text or calls:
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=text,
+                tool_call_chunks=[
+                    ToolCallChunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i)
+                    for i, c in enumerate(calls)
+                ],
+            )
+        )
+    metadata = _metadata(call, answer)
+    if calls:
+        metadata["finish_reason"] = "tool_calls"
     yield ChatGenerationChunk(
         message=AIMessageChunk(
             content="",
             usage_metadata=_usage(answer),
-            response_metadata=_metadata(call, answer),
+            response_metadata=metadata,
             chunk_position="last",
         )
     )

@@ -24,6 +24,7 @@ from pydantic import (
 
 from .._durations import MIN_BUDGET_MS, parse_duration_ms
 from .._errors import BudgetError
+from .._jsonschema import check_schema
 from .._strict import Strict as _Strict
 
 __all__ = [
@@ -166,9 +167,20 @@ class LlmSpec(_Strict):
     json_output: bool = Field(
         default=False, alias="json", description="The output must parse as JSON."
     )
+    json_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="A JSON Schema the output must match (constrained decoding; implies json).",
+    )
     stop: list[str] | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            check_schema(schema)
+        return schema
 
     @model_validator(mode="after")
     def _one_prompt(self) -> LlmSpec:

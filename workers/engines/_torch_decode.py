@@ -16,6 +16,7 @@ from typing import Any
 from ._base import FinishReason, GenerationRequest
 from ._hf_model import PromptTokenizer
 from ._textstream import TextAssembler
+from ._torch_constrain import JsonConstraint
 
 __all__ = ["DecodeJob", "decode", "is_oom"]
 
@@ -41,6 +42,8 @@ class DecodeJob:
     interrupted: Callable[[], FinishReason | None]
     """Checked before each token: "deadline"/"abort" stops the loop."""
     inject_oom: bool = False
+    constraint: JsonConstraint | None = None
+    """Masks each step's logits to what a JSON Schema allows (None: unconstrained)."""
 
 
 def decode(job: DecodeJob) -> tuple[FinishReason, str, int]:
@@ -60,11 +63,16 @@ def decode(job: DecodeJob) -> tuple[FinishReason, str, int]:
             out = job.model(input_ids=inputs, use_cache=True, logits_to_keep=1)
             past, logits = out.past_key_values, out.logits[:, -1, :]
             del out, inputs
+            constraint = job.constraint
             while True:
+                if constraint is not None:
+                    logits = constraint.mask(logits)
                 token = sampler.pick(logits)
                 if token in job.eos:
                     reason = "stop"
                     break
+                if constraint is not None:
+                    constraint.advance(token)
                 generated.append(token)
                 whole = job.tokens.decode(generated)
                 if not whole.endswith("\ufffd"):  # hold back a half-decoded character
@@ -72,7 +80,7 @@ def decode(job: DecodeJob) -> tuple[FinishReason, str, int]:
                     emitted = whole
                     if piece:
                         job.emit(piece)
-                if text.stopped:
+                if text.stopped or (constraint is not None and constraint.done):
                     reason = "stop"
                     break
                 if len(generated) >= job.budget:

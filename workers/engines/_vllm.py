@@ -12,8 +12,9 @@ Prompts are tokenised here with the model's own tokenizer and chat template and 
 token ids, so :meth:`VllmEngine.count_tokens` is exactly what the engine sees. A deadline aborts
 the request inside vLLM (``AsyncLLM.abort``), which frees its KV blocks at once; the caller gets
 the text so far with ``finish_reason == "deadline"``. Priorities use vLLM's ``priority``
-scheduling policy (lower value first, as in :class:`GenerationRequest`). ``json_output`` uses
-vLLM's structured outputs (``json_object``, xgrammar), which run on CPU too.
+scheduling policy (lower value first, as in :class:`GenerationRequest`). ``json_output`` and
+``json_schema`` use vLLM's structured outputs (``json_object`` / ``json``; xgrammar, with vLLM's
+own fallback to llguidance for what xgrammar cannot express), which run on CPU too.
 """
 
 from __future__ import annotations
@@ -298,7 +299,11 @@ class VllmEngine(Engine):
 
     def _sampling_params(self, request: GenerationRequest, room: int) -> Any:
         v = self._v
-        structured = v["StructuredOutputsParams"](json_object=True) if request.json_output else None
+        structured = None
+        if request.json_schema is not None:
+            structured = v["StructuredOutputsParams"](json=request.json_schema)
+        elif request.json_output:
+            structured = v["StructuredOutputsParams"](json_object=True)
         return v["SamplingParams"](
             max_tokens=max(1, min(request.max_tokens, room)),
             temperature=max(request.temperature, 0.0),

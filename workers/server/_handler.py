@@ -54,7 +54,7 @@ from ._openai import (
     ChatCompletionRequest,
     CompletionRequest,
     InvalidBody,
-    chat_response,
+    chat_answer,
     completion_response,
     error_body,
     new_id,
@@ -195,8 +195,9 @@ class GenerationHandler:
                 request, self.call_engine(self.engine.generate(gen))
             )
             self.record(result, ctx, time.perf_counter() - started)
-            build = chat_response if endpoint == "chat" else completion_response
-            return json_response(build(ctx.request_id, parsed.model, result))
+            if isinstance(parsed, CompletionRequest):
+                return json_response(completion_response(ctx.request_id, parsed.model, result))
+            return json_response(chat_answer(ctx.request_id, parsed, result))
         finally:
             if slot is not None:
                 slot.release()
@@ -223,6 +224,7 @@ class GenerationHandler:
             temperature=parsed.temperature,
             stop=parsed.stops(),
             json_output=isinstance(parsed, ChatCompletionRequest) and parsed.json_output,
+            json_schema=parsed.json_schema if isinstance(parsed, ChatCompletionRequest) else None,
             deadline=deadline,
             priority=wire.PRIORITIES[priority],
             request_id=ctx.request_id,
@@ -232,6 +234,7 @@ class GenerationHandler:
     async def _count_tokens(self, gen: GenerationRequest) -> int:
         size = len(gen.prompt or "") + sum(len(m.content) for m in gen.messages or [])
         try:
+            self.engine.check_request(gen)  # a schema the engine cannot decode into: 400
             if size > _LONG_PROMPT_CHARS:
                 return await asyncio.to_thread(self.engine.count_tokens, gen)
             return self.engine.count_tokens(gen)

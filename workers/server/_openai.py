@@ -3,25 +3,44 @@
 Request models validate strictly the fields the worker uses (wrong types are a 400, never coerced:
 ``"max_tokens": "5"`` is refused). Other parameters of the OpenAI API are accepted and ignored
 (``extra="ignore"``), because OpenAI adds some every few months and stock clients send them; the
-few that would change the meaning of the answer (``n > 1``, tools, logprobs, echo) are refused.
-Responses are built as plain dicts: they are on the hot path and need no validation.
+few that would change the meaning of the answer (``n > 1``, ``functions``, logprobs, echo) are
+refused. ``response_format`` (``json_object``, ``json_schema``) and ``tools`` / ``tool_choice``
+are served by constrained decoding (:mod:`workers.engines._schema`): a schema that is not a valid
+JSON Schema is a 400 naming where it is wrong. Response bodies are built in
+:mod:`workers.server._responses` (re-exported here).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from chainrt.wire import error_body
-from workers.engines import ChatMessage, FinishReason, GenerationResult
+from workers.engines import (
+    ChatMessage,
+    InvalidSchema,
+    ToolSpec,
+    check_json_schema,
+    tool_call_schema,
+    tools_instruction,
+)
+
+from ._responses import (
+    chat_answer,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    new_id,
+)
 
 __all__ = [
     "ChatCompletionRequest",
     "CompletionRequest",
     "InvalidBody",
+    "chat_answer",
     "chat_chunk",
     "chat_response",
     "completion_chunk",
@@ -35,7 +54,6 @@ _STRICT_IGNORE = ConfigDict(strict=True, extra="ignore")
 _UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("n", lambda v: v in (None, 1), "one choice per request"),
     ("best_of", lambda v: v in (None, 1), "one choice per request"),
-    ("tools", lambda v: not v, "no tool calling"),
     ("functions", lambda v: not v, "no function calling"),
     ("logprobs", lambda v: v in (None, False, 0), "no log-probabilities"),
     ("echo", lambda v: v in (None, False), "the prompt is not echoed"),
@@ -52,15 +70,40 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    """The function of an assistant's earlier tool call (``arguments`` is a JSON string)."""
+
+    model_config = _STRICT_IGNORE
+    name: str
+    arguments: str = "{}"
+
+
+class MessageToolCall(BaseModel):
+    """A tool call in an assistant message of the history."""
+
+    model_config = _STRICT_IGNORE
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     """One chat message; content may be a string or a list of text parts."""
 
     model_config = _STRICT_IGNORE
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        """The content as one string (text parts joined)."""
+        """The content as one string (text parts joined; earlier tool calls as their JSON)."""
+        if self.tool_calls:
+            # The form the model produced them in (workers.engines.tool_call_schema).
+            return "\n".join(
+                json.dumps({"name": c.function.name, "arguments": _arguments(c.function)})
+                for c in self.tool_calls
+            )
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -68,11 +111,40 @@ class Message(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+def _arguments(function: FunctionCall) -> Any:
+    try:
+        return json.loads(function.arguments)
+    except ValueError:
+        return function.arguments
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: a named JSON Schema the answer must match."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
     """``response_format``: ``json_object`` / ``json_schema`` turn on JSON-constrained output."""
 
     model_config = _STRICT_IGNORE
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ResponseFormat:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError('type "json_schema" needs a json_schema: {"schema": {...}}')
+            try:
+                check_json_schema(self.json_schema.schema_, what="json_schema.schema")
+            except InvalidSchema as exc:
+                raise ValueError(str(exc)) from None
+        return self
 
 
 class StreamOptions(BaseModel):
@@ -126,25 +198,82 @@ class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=64)
+    tool_choice: str | dict[str, Any] | None = None
+    _specs: list[ToolSpec] = PrivateAttr(default_factory=list)
+    _tool_schema: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_stops(self) -> ChatCompletionRequest:
         self.stops()
+        try:
+            self._specs = [ToolSpec.from_openai(tool) for tool in self.tools or []]
+            if len({s.name for s in self._specs}) != len(self._specs):
+                raise InvalidSchema("two tools have the same name")
+            self._tool_schema = tool_call_schema(self._specs, self.choice())
+        except InvalidSchema as exc:
+            raise ValueError(str(exc)) from None
+        if self._tool_schema is not None and self.json_output:
+            raise ValueError("response_format cannot be combined with tools (tool_choice none)")
         return self
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """The tools offered (validated when the body was)."""
+        return self._specs
+
+    def choice(self) -> str:
+        """``tool_choice`` as ``auto``/``none``/``required`` or the one tool's name."""
+        choice = self.tool_choice
+        if choice is None:
+            return "auto"
+        if isinstance(choice, str):
+            if choice not in ("auto", "none", "required"):
+                raise InvalidSchema(
+                    f"tool_choice must be auto, none, required or a function, not {choice!r}"
+                )
+            return choice
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise InvalidSchema(
+                'tool_choice must be {"type": "function", "function": {"name": ...}}'
+            )
+        return name
+
+    def tool_schema(self) -> dict[str, Any] | None:
+        """The schema a tool call is decoded into (None: no tools in play)."""
+        return self._tool_schema
 
     def limit(self) -> int | None:
         """The completion-token limit asked for (``max_completion_tokens`` wins)."""
         return self.max_completion_tokens or self.max_tokens
 
     def chat_messages(self) -> list[ChatMessage]:
-        """The messages in engine form."""
-        return [ChatMessage(m.role, m.text()) for m in self.messages]
+        """The messages in engine form; offered tools are described in the system message."""
+        messages = [ChatMessage(m.role, m.text()) for m in self.messages]
+        offer = tools_instruction(self.tool_specs(), self.choice())
+        if offer is None:
+            return messages
+        if messages[0].role == "system":
+            return [ChatMessage("system", f"{messages[0].content}\n\n{offer}"), *messages[1:]]
+        return [ChatMessage("system", offer), *messages]
 
     @property
     def json_output(self) -> bool:
         """True when the caller asked for JSON."""
         fmt = self.response_format
         return fmt is not None and fmt.type != "text"
+
+    @property
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema the answer must match: the tool-call schema or ``response_format``'s."""
+        tools = self.tool_schema()
+        if tools is not None:
+            return tools
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+            return fmt.json_schema.schema_
+        return None
 
 
 class CompletionRequest(_Common):
@@ -167,107 +296,6 @@ class CompletionRequest(_Common):
     def text(self) -> str:
         """The prompt as one string."""
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-
-def new_id(prefix: str) -> str:
-    """An OpenAI-style object id (``chatcmpl-...``, ``cmpl-...``)."""
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def _usage(result: GenerationResult) -> dict[str, int]:
-    return {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-    }
-
-
-def chat_response(rid: str, model: str, result: GenerationResult) -> dict[str, Any]:
-    """A ``chat.completion`` object. ``finish_reason`` may be ``deadline`` (chainrt's own)."""
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-                "finish_reason": result.finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": _usage(result),
-    }
-
-
-def completion_response(rid: str, model: str, result: GenerationResult) -> dict[str, Any]:
-    """A ``text_completion`` object."""
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": result.text,
-                "finish_reason": result.finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": _usage(result),
-    }
-
-
-def chat_chunk(
-    rid: str,
-    model: str,
-    *,
-    content: str | None = None,
-    role: bool = False,
-    finish: FinishReason | None = None,
-    usage: GenerationResult | None = None,
-) -> dict[str, Any]:
-    """One ``chat.completion.chunk``; a usage-only chunk has no choices (as OpenAI sends it)."""
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-    }
-    if usage is not None:
-        chunk["usage"] = _usage(usage)
-        return chunk
-    delta: dict[str, str] = {"role": "assistant"} if role else {}
-    if content is not None:
-        delta["content"] = content
-    chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    return chunk
-
-
-def completion_chunk(
-    rid: str,
-    model: str,
-    *,
-    text: str = "",
-    finish: FinishReason | None = None,
-    usage: GenerationResult | None = None,
-) -> dict[str, Any]:
-    """One streamed ``text_completion`` chunk (usage-only when ``usage`` is given)."""
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-    }
-    if usage is not None:
-        chunk["usage"] = _usage(usage)
-    else:
-        chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
-    return chunk
 
 
 class InvalidBody(ValueError):

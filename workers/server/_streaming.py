@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
 from chainrt.errors import EngineDead, EngineOOM, WorkerError
-from workers.engines import GenerationRequest, GenerationResult, StreamDelta
+from workers.engines import GenerationRequest, GenerationResult, StreamDelta, parse_tool_answer
 
 from ._admission import Slot
 from ._context import RequestContext
@@ -74,16 +74,30 @@ async def stream_answer(
             out.append(sse(usage(rid, model, usage=result)))
         return out
 
+    # Offered tools: the JSON of a call is held back and sent as one tool_calls delta at the end.
+    tools = isinstance(parsed, ChatCompletionRequest) and parsed.tool_schema() is not None
+
+    def tool_answer(result: GenerationResult) -> list[bytes]:
+        assert isinstance(parsed, ChatCompletionRequest)
+        content, calls = parse_tool_answer(result.text, parsed.tool_specs())
+        if not calls:
+            return [piece(content or ""), *final(result)]
+        body = chat_chunk(rid, model, tool_calls=calls, finish="tool_calls")
+        out = [sse(body)]
+        if parsed.include_usage:
+            out.append(sse(chat_chunk(rid, model, usage=result)))
+        return out
+
     async def events() -> AsyncIterator[bytes]:
         if chat:
             yield sse(chat_chunk(rid, model, role=True, content=""))
         delta: StreamDelta = first
         while True:
-            if delta.text:
+            if delta.text and not tools:
                 yield piece(delta.text)
             if delta.result is not None:
                 handler.record(delta.result, ctx, time.perf_counter() - started)
-                for event in final(delta.result):
+                for event in tool_answer(delta.result) if tools else final(delta.result):
                     yield event
                 break
             try:

@@ -1,0 +1,157 @@
+"""OpenAI response bodies (chat, completions, streamed chunks), built as plain dicts.
+
+They are on the hot path and need no validation; :func:`chat_answer` turns a generation made for
+offered tools back into OpenAI ``tool_calls``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+from workers.engines import FinishReason, GenerationResult, ToolCall, parse_tool_answer
+
+if TYPE_CHECKING:
+    from ._openai import ChatCompletionRequest
+
+__all__ = [
+    "chat_answer",
+    "chat_chunk",
+    "chat_response",
+    "completion_chunk",
+    "completion_response",
+    "new_id",
+]
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style object id (``chatcmpl-...``, ``cmpl-...``)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def chat_response(
+    rid: str,
+    model: str,
+    result: GenerationResult,
+    *,
+    content: str | None = None,
+    tool_calls: list[ToolCall] | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion`` object. ``finish_reason`` may be ``deadline`` (chainrt's own).
+
+    With ``tool_calls`` the message carries them (and no content), ``finish_reason`` is
+    ``tool_calls``; ``content`` replaces the generated text (a tool answer's own content).
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    finish: str = result.finish_reason
+    if tool_calls:
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call.to_openai() for call in tool_calls],
+        }
+        finish = "tool_calls"
+    elif content is not None:
+        message["content"] = content
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": _usage(result),
+    }
+
+
+def chat_answer(
+    rid: str, parsed: ChatCompletionRequest, result: GenerationResult
+) -> dict[str, Any]:
+    """The ``chat.completion`` for ``parsed``: tool calls decoded when tools were offered."""
+    if parsed.tool_schema() is None:
+        return chat_response(rid, parsed.model, result)
+    content, calls = parse_tool_answer(result.text, parsed.tool_specs())
+    return chat_response(rid, parsed.model, result, content=content, tool_calls=calls)
+
+
+def completion_response(rid: str, model: str, result: GenerationResult) -> dict[str, Any]:
+    """A ``text_completion`` object."""
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": result.text,
+                "finish_reason": result.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": _usage(result),
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    *,
+    content: str | None = None,
+    role: bool = False,
+    finish: FinishReason | Literal["tool_calls"] | None = None,
+    usage: GenerationResult | None = None,
+    tool_calls: list[ToolCall] | None = None,
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; a usage-only chunk has no choices (as OpenAI sends it).
+
+    ``tool_calls`` are sent whole in one delta (each with its ``index``, as OpenAI streams them).
+    """
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+    }
+    if usage is not None:
+        chunk["usage"] = _usage(usage)
+        return chunk
+    delta: dict[str, Any] = {"role": "assistant"} if role else {}
+    if content is not None:
+        delta["content"] = content
+    if tool_calls:
+        delta["tool_calls"] = [{"index": i, **c.to_openai()} for i, c in enumerate(tool_calls)]
+    chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    return chunk
+
+
+def completion_chunk(
+    rid: str,
+    model: str,
+    *,
+    text: str = "",
+    finish: FinishReason | None = None,
+    usage: GenerationResult | None = None,
+) -> dict[str, Any]:
+    """One streamed ``text_completion`` chunk (usage-only when ``usage`` is given)."""
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+    }
+    if usage is not None:
+        chunk["usage"] = _usage(usage)
+    else:
+        chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
+    return chunk
