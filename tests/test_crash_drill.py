@@ -40,6 +40,7 @@ STEPS = [f"s{i:02d}" for i in range(STEP_COUNT)]
         ("chain.yaml", {}),
         ("fencing.yaml", {"steps": 6, "sleep_ms": 200, "budget": "60s"}),
         ("slow.yaml", {"steps": 20, "sleep_ms": 50, "budget": "30s"}),
+        ("ten.yaml", {"steps": 10, "sleep_ms": 20, "budget": "10m"}),
     ],
 )
 def test_chain_files_are_the_generated_chains(name: str, kwargs: dict[str, Any]) -> None:
@@ -189,6 +190,24 @@ def test_crash_drill_dead_owner_found_by_pid(redis_url: str, tmp_path: Path) -> 
     assert 0 < stats.inflight_reruns <= stats.kills - stats.kills_before_create, message
     assert stats.takeovers_before_expiry > 0, message
     assert stats.takeovers_after_expiry == 0, message  # nobody waited for the 10 s lease
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.cluster
+def test_crash_drill_on_a_redis_cluster(cluster_url: str, tmp_path: Path) -> None:
+    """The same drill with the store on a local Redis Cluster (runs spread over 3 masters)."""
+    seed = random.randrange(1 << 30)
+    options = DrillOptions(chain=CHAIN, store_url=cluster_url, log_dir=tmp_path)
+    with Drill(options, seed=seed) as drill:
+        stats = drill.run_many(15)
+    message = _stats_message(stats, seed)
+    assert stats.ok, message
+    assert stats.runs_resumed >= 15, message
+    assert stats.reruns_after_record == 0, message
+    assert stats.kills > stats.kills_before_create, message  # kills landed mid-run
+    assert 0 < stats.inflight_reruns <= stats.kills - stats.kills_before_create, message
+    assert stats.takeovers_after_expiry == 0, message  # dead pids found, no lease waited for
 
 
 @pytest.mark.slow

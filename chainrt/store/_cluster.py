@@ -11,7 +11,10 @@ chainrt's own options on the URL (taken off before redis-py sees it)::
 
     wait_replicas=N      after each write, wait until N replicas have it (Redis ``WAIT``)
     wait_timeout_ms=MS   how long one ``WAIT`` may take (default 1000); fewer replicas by then
-                         is an error (StoreUnavailable), never a silent success
+                         is retried like a lost connection, then StoreUnavailable
+    retry_for_s=S        how long one store call retries a lost connection, a failover or a
+                         resharding before StoreUnavailable (default: the store's, 2 s); on a
+                         cluster, set it above ``cluster-node-timeout`` plus a few seconds
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class StoreOptions:
 
     wait_replicas: int = 0
     wait_timeout_ms: int = _DEFAULT_WAIT_TIMEOUT_MS
+    retry_for_s: float | None = None
 
 
 def split_options(url: str) -> tuple[str, StoreOptions]:
@@ -62,14 +66,25 @@ def split_options(url: str) -> tuple[str, StoreOptions]:
     if not parts.query:
         return url, StoreOptions()
     kept: list[tuple[str, str]] = []
-    found: dict[str, int] = {}
+    found: dict[str, Any] = {}
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         name = key.lower()
+        if name == "retry_for_s":
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = -1.0
+            if not 0 <= seconds <= 3600:  # NaN fails this too
+                raise ValueError(
+                    f"retry_for_s must be a number of seconds from 0 to 3600, got {value!r}"
+                )
+            found[name] = seconds
+            continue
         if name not in ("wait_replicas", "wait_timeout_ms"):
             kept.append((key, value))
             continue
         low, high = (0, 16) if name == "wait_replicas" else (1, 60_000)
-        if not value.isdigit() or not low <= int(value) <= high:
+        if not (value.isascii() and value.isdigit()) or not low <= int(value) <= high:
             raise ValueError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
         found[name] = int(value)
     rest = urlunsplit(parts._replace(query=urlencode(kept)))

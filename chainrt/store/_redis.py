@@ -113,7 +113,8 @@ class RedisStore(CheckpointStore):
         """True on a Redis Cluster, False on one node, None until the first call has found out."""
         self.record_ttl_s = record_ttl_s if record_ttl_s is not None else _default_ttl()
         self.max_record_bytes = max_record_bytes
-        self.retry_for_s = retry_for_s
+        # ?retry_for_s= on the URL wins over the argument (the CLI has no other way to set it).
+        self.retry_for_s = retry_for_s if options.retry_for_s is None else options.retry_for_s
         self.keys = StoreKeys(key_prefix)
         self._ttl_ms = str(max(1, round(self.record_ttl_s * 1000)))
         self._last_sweep = 0.0
