@@ -24,7 +24,6 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ._runtime import PoolLike, Runtime, StoreLike
-from ._settings import get_settings
 
 __all__ = ["default_runtime", "run_sync"]
 
@@ -66,9 +65,12 @@ def _key(store: StoreLike, pool: PoolLike) -> tuple[Any, ...]:
     # Objects passed in are kept by identity (the runtime holds them, so ids are not reused);
     # URLs and paths with the working directory (a relative sqlite path names another file
     # elsewhere) and the settings that shape a runtime.
+    # The settings are read from CHAINRT_* variables only: those variables are their key
+    # (building the Settings object on every call would cost more than the rest of the lookup).
     store_key = store if store is None or isinstance(store, str) else id(store)
     pool_key = pool if pool is None or isinstance(pool, str) else id(pool)
-    return (store_key, pool_key, os.getcwd(), get_settings().model_dump_json())
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith("CHAINRT_")))
+    return (store_key, pool_key, os.getcwd(), env)
 
 
 async def default_runtime(store: StoreLike = None, pool: PoolLike = None) -> Runtime:
