@@ -19,6 +19,7 @@ from chainrt.dispatch._http import error_from_response
 from chainrt.errors import InsufficientMemory
 
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+JSON = {"content-type": "application/json"}
 STORY: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Write a very long story about a dragon and a knight."}
 ]
@@ -90,6 +91,25 @@ BAD_REQUESTS = [
      400, "invalid_request_error", "X-Priority must be one of"),
     ("unknown path", "/v1/embeddings", chat(), {}, 404, "not_found", "/v1/embeddings"),
     ("fault injection off", "/admin/faults", b'{"oom": 1}', {}, 404, "not_found", "Not Found"),
+    # Finding 12: a web page can POST these types cross-origin without a CORS preflight.
+    ("text/plain body", "/v1/chat/completions", chat(), {"content-type": "text/plain"},
+     415, "invalid_request_error", "Content-Type must be application/json, got 'text/plain'"),
+    ("form body", "/v1/completions", json.dumps({"model": "local", "prompt": "x"}).encode(),
+     {"content-type": "application/x-www-form-urlencoded"},
+     415, "invalid_request_error", "must be application/json"),
+    ("multipart body", "/v1/chat/completions", chat(),
+     {"content-type": "multipart/form-data; boundary=x"},
+     415, "invalid_request_error", "must be application/json"),
+    ("logit_bias", "/v1/chat/completions", chat(logit_bias={"50256": -100}), {},
+     400, "invalid_request_error", "logit_bias is not supported"),
+    ("negative seed", "/v1/chat/completions", chat(seed=-1), {},
+     400, "invalid_request_error", "seed"),
+    ("seed over 32 bits", "/v1/chat/completions", chat(seed=2**32), {},
+     400, "invalid_request_error", "seed: Input should be less than or equal to 4294967295"),
+    ("huge seed", "/v1/chat/completions", chat(seed=10**30), {},
+     400, "invalid_request_error", "seed"),
+    ("seed as string", "/v1/chat/completions", chat(seed="7"), {},
+     400, "invalid_request_error", "seed"),
 ]  # fmt: skip
 
 
@@ -124,13 +144,15 @@ def test_wrong_method_is_405_json(worker: WorkerProcess) -> None:
 
 
 def test_never_fits_advice_names_a_max_tokens_that_fits(worker: WorkerProcess) -> None:
-    error = worker.post("/v1/chat/completions", content=chat(max_tokens=5000)).json()["error"]
+    error = worker.post("/v1/chat/completions", content=chat(max_tokens=5000), headers=JSON).json()[
+        "error"
+    ]
     advice = error["advice"]["max_tokens"]
     soon = str(int((time.time() + 0.3) * 1000))  # admitted is enough: no need to generate it all
     ok = worker.post(
         "/v1/chat/completions",
         content=chat(max_tokens=advice),
-        headers={"X-Chainrt-Deadline": soon},
+        headers={**JSON, "X-Chainrt-Deadline": soon},
     )
     assert ok.status_code == 200, ok.text
     assert ok.json()["choices"][0]["finish_reason"] in ("deadline", "stop")
@@ -159,15 +181,40 @@ def test_chunked_body_over_the_limit(worker: WorkerProcess) -> None:
         for _ in range(20):
             yield b" " * 100_000  # 2 MB of whitespace, no Content-Length
 
-    response = worker.post("/v1/chat/completions", content=chunks())
+    response = worker.post("/v1/chat/completions", content=chunks(), headers=JSON)
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "request_too_large"
+
+
+def test_a_body_without_a_content_type_is_415(worker: WorkerProcess) -> None:
+    response = worker.post("/v1/chat/completions", content=chat())
+    assert response.status_code == 415
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type"
+    assert error["message"] == "Content-Type must be application/json, got none"
+    charset = worker.post(
+        "/v1/chat/completions",
+        content=chat(),
+        headers={"content-type": "Application/JSON; charset=utf-8"},
+    )
+    assert charset.status_code == 200, charset.text  # parameters and case do not matter
+
+
+def test_seeds_at_the_bounds_are_honoured(worker: WorkerProcess) -> None:
+    client = worker.openai()
+    for seed in (0, 2**32 - 1):
+        answer = client.chat.completions.create(
+            model="local", messages=HI, max_tokens=2, seed=seed, temperature=1.0
+        )
+        assert answer.usage is not None
 
 
 def test_openai_client_gets_typed_errors(worker: WorkerProcess) -> None:
     client = worker.openai()
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.chat.completions.create(model="local", messages=HI, max_tokens=-5)
+    with pytest.raises(openai.BadRequestError, match="logit_bias is not supported"):
+        client.chat.completions.create(model="local", messages=HI, logit_bias={"1": 5})
     with pytest.raises(openai.NotFoundError, match="not served here"):
         client.chat.completions.create(model="nope", messages=HI)
     with pytest.raises(openai.APIStatusError, match="can never fit") as info:
@@ -234,7 +281,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(worker: WorkerProcess) -> N
     body = chat(messages=STORY, max_tokens=1600, stream=True, temperature=0)
     with (
         httpx.Client(base_url=worker.base, timeout=30) as client,
-        client.stream("POST", "/v1/chat/completions", content=body) as response,
+        client.stream("POST", "/v1/chat/completions", content=body, headers=JSON) as response,
     ):
         assert response.status_code == 200
         lines = response.iter_lines()
@@ -250,7 +297,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(worker: WorkerProcess) -> N
 def test_client_disconnect_while_waiting_aborts_generation(worker: WorkerProcess) -> None:
     body = chat(messages=STORY, max_tokens=1600, temperature=0)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{worker.base}/v1/chat/completions", content=body, timeout=0.5)
+        httpx.post(f"{worker.base}/v1/chat/completions", content=body, headers=JSON, timeout=0.5)
     _assert_idle_soon(worker)
 
 
@@ -267,6 +314,7 @@ def test_worker_survives_every_bad_request(worker: WorkerProcess) -> None:
         httpx.post(
             f"{worker.base}/v1/chat/completions",
             content=chat(messages=STORY, max_tokens=1600),
+            headers=JSON,
             timeout=0.5,
         )
     for _ in range(100):  # the abandoned request lets go of its slot within moments

@@ -164,3 +164,13 @@ def test_bad_fault_requests(worker: WorkerProcess, body: dict[str, object], word
     assert worker.get("/admin/faults").json() == {
         "oom": 0, "latency_ms": 0.0, "error_rate": 0.0, "hang": False
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_faults_need_a_json_content_type(worker: WorkerProcess, content_type: str | None) -> None:
+    """A web page may POST text/plain to localhost without a preflight: it must not change faults."""
+    headers = {"content-type": content_type} if content_type else {}
+    response = worker.post("/admin/faults", content=b'{"oom": 3}', headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+    assert worker.get("/admin/faults").json()["oom"] == 0

@@ -27,6 +27,7 @@ __all__ = [
     "parse_deadline",
     "parse_priority",
     "read_body",
+    "require_json",
     "retry_after",
     "run_until_disconnect",
     "sse",
@@ -78,8 +79,30 @@ def retry_after(seconds: float) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
+def require_json(request: Request) -> None:
+    """415 unless the body is declared ``application/json`` (parameters such as charset allowed).
+
+    A web page may POST ``text/plain`` (or a form) to any origin without a CORS preflight; only
+    JSON needs one. Refusing other types keeps a page in a browser from driving a worker on
+    localhost, and a mislabelled body is refused rather than guessed at.
+    """
+    declared = request.headers.get("content-type")
+    media = (declared or "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        got = repr(declared[:80]) if declared else "none"
+        raise HttpError(
+            415,
+            "invalid_request_error",
+            f"Content-Type must be application/json, got {got}",
+            code="unsupported_media_type",
+            param="Content-Type",
+        )
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) one over ``limit`` bytes without reading it all."""
+    """The JSON request body: 415 unless declared ``application/json`` (:func:`require_json`),
+    413 when over ``limit`` bytes, refused without reading it all."""
+    require_json(request)
     declared = request.headers.get("content-length")
     too_large = HttpError(
         413,

@@ -3,9 +3,10 @@
 Request models validate strictly the fields the worker uses (wrong types are a 400, never coerced:
 ``"max_tokens": "5"`` is refused). Other parameters of the OpenAI API are accepted and ignored
 (``extra="ignore"``), because OpenAI adds some every few months and stock clients send them; the
-few that would change the meaning of the answer (``n > 1``, ``functions``, logprobs, echo) are
-refused. ``response_format`` (``json_object``, ``json_schema``) and ``tools`` / ``tool_choice``
-are served by constrained decoding (:mod:`workers.engines._schema`): a schema that is not a valid
+few that would change the meaning of the answer (``n > 1``, ``functions``, logprobs, echo, a
+non-empty ``logit_bias``) are refused; the ignored ones are listed in ``docs/workers.md``.
+``response_format`` (``json_object``, ``json_schema``) and ``tools`` / ``tool_choice`` are served
+by constrained decoding (:mod:`workers.engines._schema`): a schema that is not a valid
 JSON Schema is a 400 naming where it is wrong. Response bodies are built in
 :mod:`workers.server._responses` (re-exported here).
 """
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 _STRICT_IGNORE = ConfigDict(strict=True, extra="ignore")
+MAX_SEED = 2**32 - 1
+"""Largest ``seed`` accepted: every engine takes a 32-bit seed (llama.cpp's is unsigned)."""
 _UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("n", lambda v: v in (None, 1), "one choice per request"),
     ("best_of", lambda v: v in (None, 1), "one choice per request"),
@@ -58,6 +61,7 @@ _UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("logprobs", lambda v: v in (None, False, 0), "no log-probabilities"),
     ("echo", lambda v: v in (None, False), "the prompt is not echoed"),
     ("suffix", lambda v: v in (None, ""), "no insertion"),
+    ("logit_bias", lambda v: not v, "no logit bias: the answer would not be what was asked"),
 ]
 """(field, accepted(value), reason): OpenAI parameters the worker refuses unless left default."""
 
@@ -165,7 +169,7 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
 
     @model_validator(mode="before")
     @classmethod
