@@ -66,9 +66,13 @@ def _kind(path: Path) -> Kind:
     """
     import yaml
 
+    from .._files import FileRefused, read_bounded
+    from ..spec._yaml import MAX_FILE_BYTES
+
     try:
-        data = yaml.safe_load(path.read_bytes())
-    except (OSError, yaml.YAMLError):
+        # Bounded, regular files only: a FIFO named *.yaml must not hang validate (finding 14).
+        data = yaml.safe_load(read_bounded(path, MAX_FILE_BYTES))
+    except (FileRefused, yaml.YAMLError):
         from ..spec import read_yaml
 
         data = read_yaml(path).data  # raises the SpecError that says what is wrong
