@@ -30,10 +30,13 @@ from . import _budget as budget
 from ._errors import (
     BudgetError,
     ChainRTError,
+    CheckpointError,
+    ConcurrencyError,
     ConcurrencyRejected,
     FencedOut,
     InputError,
     StoreUnavailable,
+    TemplateError,
 )
 from ._lease import Heartbeat, claim, new_lease, this_host, wait_for_owner
 from ._progress import NO_PROGRESS, Progress
@@ -51,6 +54,9 @@ from ._run import (
     acquire_keys,
     chain_runs,
     chain_steps,
+    end_step,
+    finish_output,
+    repeats_side_effects,
     run_step,
     settle,
     skipped_record,
@@ -211,11 +217,15 @@ class Runner:
         spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
         source_dir = self.trust.check(record, spec)
         first_start = record.status == "queued"
-        if record.status == "completed":
-            return RunResult.from_records(record, await self.store.get_steps(run_id))
+        done = await self._final(record)
+        if done is not None:
+            return done
         record = await wait_for_owner(
             self.store, record, host=self.host, ttl_s=self.lease_ttl_s, wait=wait
         )
+        done = await self._final(record)  # its owner may have finished it while we waited
+        if done is not None:
+            return done
         if budget_ms is not None and budget_ms <= 0:
             raise BudgetError(f"budget must be greater than zero, got {budget_ms:g}ms")
         total = record.budget_total_ms if budget_ms is None else record.budget_used_ms + budget_ms
@@ -224,7 +234,16 @@ class Runner:
                 f"run {run_id} has used {record.budget_used_ms:.0f}ms of its "
                 f"{record.budget_total_ms:.0f}ms budget; resume it with a new budget (--budget)"
             )
-        token = await claim(self.store, record, host=self.host, ttl_s=self.lease_ttl_s)
+        try:
+            token = await claim(self.store, record, host=self.host, ttl_s=self.lease_ttl_s)
+        except CheckpointError as exc:
+            # Another process may have finished it between our read and our claim.
+            if isinstance(exc, StoreUnavailable):
+                raise
+            done = await self._final(await self.store.get_run(run_id))
+            if done is None:
+                raise
+            return done
         record = record.model_copy(
             update={"fencing_token": token, "budget_total_ms": total, "status": "running"}
         )
@@ -241,6 +260,17 @@ class Runner:
             progress=progress or self.progress,
             new_total=budget_ms is not None,
         )
+
+    async def _final(self, record: RunRecord) -> RunResult | None:
+        """The result of a run a resume must leave as it is, else None: a completed run, or a
+        failed run whose failing step ran but could not be recorded (a resume would run it
+        again, side effects and all, and fail the same way)."""
+        if record.status not in ("completed", "failed"):
+            return None
+        steps = await self.store.get_steps(record.run_id)
+        if record.status == "failed" and repeats_side_effects(steps) is None:
+            return None
+        return RunResult.from_records(record, steps)
 
     async def _prepare(self, spec: ChainSpec) -> None:
         """Pay one-time process costs before the budget clock starts: loading the in-process
@@ -331,6 +361,11 @@ class Runner:
         except ConcurrencyRejected as exc:
             await journal.finish("rejected", error=exc.message, stopped_at=spec.steps[0].id)
             return
+        except (ConcurrencyError, TemplateError) as exc:  # a key that cannot be a key
+            await journal.finish(
+                "failed", error=f"concurrency: {exc.message}", stopped_at=spec.steps[0].id
+            )
+            return
         journal.waits_ms.update(run_keys.waits_ms)
         step_call = chain_steps(
             self.interceptors,
@@ -348,25 +383,21 @@ class Runner:
                     )
                     return
                 if isinstance(decision, budget.Skip):
-                    await self._written(journal, progress, skipped_record(step, decision.reason))
+                    skipped = skipped_record(step, decision.reason)
+                    if await end_step(journal, progress, step, skipped, None):
+                        return
                     continue
                 record, stop = settle(
                     step, await step_call(StepStart(journal.run_id, step, decision.ms))
                 )
-                if stop is None:
-                    await self._written(journal, progress, record)
-                    continue
-                await journal.finish(
-                    stop, error=f"step {step.id}: {record.error}", stopped_at=step.id, step=record
-                )
-                progress.step_finished(record)
-                return
+                if await end_step(journal, progress, step, record, stop):
+                    return
             try:
                 output = _output(spec, journal.scope)
             except ChainRTError as exc:
                 await journal.finish("failed", error=f"output: {exc.message}")
                 return
-            await journal.finish("completed", output=output)
+            await finish_output(journal, output)
         finally:
             await run_keys.release()
 
@@ -388,11 +419,6 @@ class Runner:
         if step.tool is not None:
             return self._tool
         return self._runnable
-
-    @staticmethod
-    async def _written(journal: RunJournal, progress: Progress, record: StepRecord) -> None:
-        await journal.record_step(record)
-        progress.step_finished(record)
 
 
 def _cancel(task: asyncio.Task[Any]) -> None:

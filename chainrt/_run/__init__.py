@@ -1,6 +1,7 @@
 """The runner's collaborators (the budget loop itself is :mod:`chainrt._runner`).
 
 _journal    Clock, RunJournal: one execution's clock and state, every checkpoint write
+_recording  a step's end written even when the store refuses its record (run ends failed)
 _step       one step from allotment to record: keys, the kind's executor, settle()
 _llm        the llm step kind (dispatch)
 _tool       the tool step kind (sync/async callables; retries via tenacity + decide_retry)
@@ -11,8 +12,9 @@ _intercept  RunInterceptor: code wrapped around each execution and each step (tr
 from __future__ import annotations
 
 from ._intercept import RunCall, RunInterceptor, RunStart, StepCall, chain_runs, chain_steps
-from ._journal import COMMIT_GRACE_S, Clock, RunJournal
+from ._journal import COMMIT_GRACE_S, Clock, RunJournal, Unrecordable
 from ._llm import LlmExecutor, llm_call, run_llm
+from ._recording import end_step, finish_output, repeats_side_effects
 from ._runnable import RunnableExecutor
 from ._step import (
     KindExecutor,
@@ -40,11 +42,15 @@ __all__ = [
     "StepOutcome",
     "StepStart",
     "ToolExecutor",
+    "Unrecordable",
     "acquire_keys",
     "call_tool",
     "chain_runs",
     "chain_steps",
+    "end_step",
+    "finish_output",
     "llm_call",
+    "repeats_side_effects",
     "run_llm",
     "run_step",
     "run_tool",

@@ -12,16 +12,22 @@ import asyncio
 import time
 from typing import Any
 
-from .._errors import StoreUnavailable
+from .._errors import ChainRTError, RecordTooLarge, StoreUnavailable
 from .._result import RunResult
 from ..spec import StepSpec
 from ..store._protocol import CheckpointStore
 from ..store._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
 
-__all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal"]
+__all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal", "Unrecordable"]
 
 COMMIT_GRACE_S = 0.5
 """Time a checkpoint write may take even when the budget has run out (the result must land)."""
+
+
+class Unrecordable(ChainRTError):
+    """The store cannot take what this commit carries (a value nested too deep for JSON, a lone
+    surrogate, a record over the size limit): nothing was written, and writing it again fails
+    the same way. The runner writes a storable record instead (:mod:`._recording`)."""
 
 
 class Clock:
@@ -155,6 +161,12 @@ class RunJournal:
             # as a traceback at exit. Here the write runs in this task and its error is raised.
             async with asyncio.timeout(timeout):
                 await self.store.commit(self.record.run_id, self.token, progress, step)
+        except RecordTooLarge as exc:
+            raise Unrecordable(exc.message) from None
+        except (ValueError, RecursionError) as exc:
+            # The stores encode a record before they write anything: pydantic's
+            # PydanticSerializationError and UnicodeEncodeError are ValueErrors.
+            raise Unrecordable(f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:
             raise StoreUnavailable(
                 f"checkpoint of run {self.record.run_id} did not complete within the budget; "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .._errors import ChainRTError, ConcurrencyRejected
+from .._errors import ChainRTError, ConcurrencyError, ConcurrencyRejected, TemplateError
 from ..concurrency import Holding, KeyRequest, Limiter
 from ..spec import StepSpec, render_value
 from ..spec._models import ConcurrencyKeySpec, rate_per_second
@@ -121,6 +121,8 @@ async def run_step(
         )
     except ConcurrencyRejected as exc:
         outcome = StepOutcome("rejected", error=exc.message)
+    except (ConcurrencyError, TemplateError) as exc:  # a key that cannot be a key
+        outcome = StepOutcome("failed", error=f"concurrency: {exc.message}")
     else:
         waits = holding.waits_ms
         try:
@@ -166,21 +168,27 @@ def skipped_record(step: StepSpec, reason: str) -> StepRecord:
     return step_record(step, StepOutcome("skipped", error=reason), 0.0, time.time(), 0.0)
 
 
-_RUN_STATUS = {"timed_out": "partial", "rejected": "rejected"}
+_RUN_STATUS = {"timed_out": "partial", "partial": "partial", "rejected": "rejected"}
 """How a required step that did not complete ends the run (anything else: ``failed``)."""
+
+_CUT = "cut off at its deadline (on_timeout: partial); its output is the text generated so far"
 
 
 def settle(step: StepSpec, record: StepRecord) -> tuple[StepRecord, str | None]:
     """What a step's record means for the run (pure): the record to write, and the run's final
     status when the run stops here (None: go on with the next step).
 
-    A completed step goes on. An optional step that timed out, failed or was rejected is written
-    as skipped, and the run goes on. Any other step stops the run: ``partial`` after a timeout,
-    ``rejected`` when its keys were not to be had, else ``failed``.
+    A completed step goes on. An optional step that timed out, failed, was rejected or was cut
+    off (``partial``) is written as skipped, and the run goes on. Any other step stops the run:
+    ``partial`` after a timeout or a cut-off LLM answer (DESIGN §3: the budget ran out there; the
+    step's record keeps the text so far), ``rejected`` when its keys were not to be had, else
+    ``failed``.
     """
     if record.status in FINAL_STEP_STATUSES:
         return record, None
-    if step.optional and record.status in ("timed_out", "failed", "rejected"):
+    if record.status == "partial" and record.error is None:
+        record = record.model_copy(update={"error": _CUT})
+    if step.optional and record.status in ("timed_out", "failed", "rejected", "partial"):
         skipped = record.model_copy(
             update={"status": "skipped", "error": f"{record.status}: {record.error}"}
         )
