@@ -108,7 +108,9 @@ def crash(home: Path, store: str, run_id: str, env: dict[str, str] | None = None
 def stored_record(store: str, run_id: str) -> dict[str, Any]:
     if store.startswith("sqlite"):
         with sqlite3.connect(store.removeprefix("sqlite:///")) as conn:
-            (raw,) = conn.execute("SELECT record FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            (raw,) = conn.execute(
+                "SELECT record FROM run_records WHERE run_id = ?", (run_id,)
+            ).fetchone()
     else:
         client = redis.Redis.from_url(store)
         raw = client.hget(StoreKeys().run(run_id), RunFields.RECORD)
@@ -122,7 +124,7 @@ def write_record(store: str, run_id: str, data: dict[str, Any]) -> None:
     raw = json.dumps(data)
     if store.startswith("sqlite"):
         with sqlite3.connect(store.removeprefix("sqlite:///")) as conn:
-            conn.execute("UPDATE runs SET record = ? WHERE run_id = ?", (raw, run_id))
+            conn.execute("UPDATE run_records SET record = ? WHERE run_id = ?", (raw, run_id))
     else:
         client = redis.Redis.from_url(store)
         client.hset(StoreKeys().run(run_id), RunFields.RECORD, raw)
@@ -309,3 +311,17 @@ async def test_a_chain_naming_an_imported_callable_fails_and_calls_nothing(
     assert result.error is not None
     assert "is posix.system, imported into bm.py from elsewhere" in result.error
     assert not marker.exists()
+
+
+def test_runs_queued_by_chainrt_serve_are_signed_and_start(tmp_path: Path) -> None:
+    """A queued run starts through the same checks as a resume: it must carry the signature."""
+    from chainrt.testing.serve_process import ServeProcess
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    serve_chains = Path(__file__).parent / "data" / "serve"
+    with ServeProcess(store=store, chains=serve_chains, max_runs=1, env=KEY) as runner:
+        posted = runner.post("/v1/runs", json={"chain": "five", "input": {}, "run_id": "q-1"})
+        assert posted.status_code == 202, posted.text
+        final = runner.get("/v1/runs/q-1", params={"wait": "30s"}).json()
+    assert final["status"] == "completed", final
+    assert str(stored_record(store, "q-1")["mac"]).startswith("hmac-sha256:")

@@ -204,6 +204,7 @@ class Service:
             status="queued",
             budget_total_ms=total,
         )
+        record = self.runtime.runner.trust.sign(record)  # CHAINRT_RECORD_KEY, docs/security.md
         store = self.runtime.store
         try:
             await store.create_run(record)
