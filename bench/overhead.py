@@ -11,7 +11,9 @@ run's start (from the call to its first step: run record creation, lease, budget
 end (from the last step's start to the return: that step, the final commit, lease release).
 Without --store it uses a fresh SQLite file; with `--store redis` it starts a private
 redis-server (AOF, fsync every second, as docker-compose runs it; `--no-persistence` turns it
-off).
+off). `--store redis-cluster` compares single-node Redis with a private local Redis Cluster in
+one run (see bench/_cluster.py: one run at a time, `?wait_replicas=1`, concurrency pairs/s, and
+total durable steps/s over `--processes` runner processes).
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ async def _raw_round_trip(url: str, n: int = 2000) -> tuple[float, str]:
     if url.startswith(("redis://", "rediss://")):
         import redis.asyncio as aioredis
 
-        client = aioredis.Redis.from_url(url)
+        from chainrt.store._cluster import split_options
+
+        # One node, no keys: on a cluster, the round trip to the node the URL names.
+        client = aioredis.Redis.from_url(split_options(url)[0])
         sha = await client.script_load("return 1")
         samples = []
         for _ in range(n):
@@ -142,12 +147,20 @@ def main() -> None:
         "--trace", action="store_true", help="measure with tracing hooks on (in-memory exporter)"
     )
     add_persistence_flag(parser)
+    from _cluster import add_cluster_flags
+
+    add_cluster_flags(parser)  # used with --store redis-cluster (see bench/_cluster.py)
     args = parser.parse_args()
     hooks: Hooks | None = None
     if args.trace:
         from chainrt.tracing import in_memory_hooks
 
         hooks = in_memory_hooks()
+    if args.store == "redis-cluster":
+        import _cluster
+
+        _cluster.run(args, _bench)  # single node, cluster, wait_replicas=1, limiter, load
+        return
     if args.store == "redis":
         from _redis import persistence_label, private_server
 

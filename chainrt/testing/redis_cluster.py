@@ -53,10 +53,19 @@ class LocalCluster:
     """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on 127.0.0.1.
 
     ``node_timeout_ms`` is ``cluster-node-timeout``: how long a master may be unreachable before
-    its replica is promoted (a failover takes about that plus a second). Nothing is persisted.
+    its replica is promoted (a failover takes about that plus a second). Nothing is persisted
+    unless ``durable``: then each node keeps an append-only file fsynced once a second (Redis's
+    own default with ``--appendonly yes``, what the benches compare with a single node).
     """
 
-    def __init__(self, *, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self,
+        *,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 2000,
+        durable: bool = False,
+    ) -> None:
         if masters < 3:
             raise ValueError("a Redis Cluster needs at least 3 masters")
         binary = shutil.which("redis-cli")
@@ -70,7 +79,10 @@ class LocalCluster:
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(node_timeout_ms),
         ]  # fmt: skip
-        self.nodes = [RedisServer(port=port, extra_args=extra) for port in ports]
+        self.nodes = [
+            RedisServer(port=port, extra_args=extra, durable=durable, appendfsync="everysec")
+            for port in ports
+        ]
 
     @property
     def url(self) -> str:

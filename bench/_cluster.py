@@ -1,0 +1,149 @@
+"""``bench/overhead.py --store redis-cluster``: single-node Redis and a local Redis Cluster, one run.
+
+Starts a private redis-server and a private cluster (3 masters + 3 replicas, ``LocalCluster``),
+with the same persistence (AOF, fsync every second, unless ``--no-persistence``), and prints:
+
+1. one run at a time (overhead.py's figures): single node, cluster, and cluster with
+   ``?wait_replicas=1`` (each write waits for its replica: the cost of that durability);
+2. concurrency keys: acquire + release pairs/s, 100 keys, 64 tasks of one process, best of
+   ``--rounds``, single node next to cluster;
+3. total durable steps/s with ``--processes`` runner processes, each running ``--concurrency``
+   runs at once for ``--seconds``: on the cluster the runs spread over the 3 masters.
+
+Every figure comes from this run on this machine; the client processes and all the Redis servers
+share its cores (say how many when you quote a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+
+from _redis import persistence_label, private_server
+
+from chainrt.testing.redis_cluster import LocalCluster
+
+__all__ = ["add_cluster_flags", "run"]
+
+Bench = Callable[[str, int, int, None], Coroutine[None, None, None]]
+
+_LOAD = """
+import asyncio, json, sys, time
+from pathlib import Path
+from chainrt._hooks import NO_HOOKS
+from chainrt._runtime import open_runtime
+from chainrt.spec import spec_from_dict
+
+async def main() -> None:
+    url, steps, concurrency, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    spec = spec_from_dict({"name": "load", "budget": "10m",
+        "steps": [{"id": f"s{i}", "tool": "_noop_tools.py:noop"} for i in range(steps)]})
+    source = Path(sys.argv[5])
+    async with open_runtime(store=url, hooks=NO_HOOKS) as rt:
+        await rt.runner.run(spec, {}, source_dir=source)  # warm-up
+        print("ready", flush=True)
+        start = float(sys.stdin.readline())  # every process starts together
+        await asyncio.sleep(max(0.0, start - time.time()))
+        done = 0
+        first = time.time()
+        stop = first + seconds
+        async def worker() -> None:
+            nonlocal done
+            while time.time() < stop:
+                result = await rt.runner.run(spec, {}, source_dir=source)
+                assert result.status == "completed", result.error
+                done += steps
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        print(json.dumps({"steps": done, "first": first, "last": time.time()}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the cluster comparison (used with ``--store redis-cluster``)."""
+    parser.add_argument("--processes", type=int, default=4, help="runner processes (part 3)")
+    parser.add_argument("--concurrency", type=int, default=8, help="runs at once per process")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of part 3")
+    parser.add_argument("--rounds", type=int, default=3, help="best-of rounds of part 2")
+
+
+def run(args: argparse.Namespace, bench: Bench) -> None:
+    """Print the three comparisons (see the module docstring)."""
+    print(f"private redis-server and private Redis Cluster, {persistence_label(args)}")
+    print(f"machine: {os.cpu_count()} CPUs shared by the clients and every Redis server")
+    with private_server(args) as single, LocalCluster(durable=not args.no_persistence) as cluster:
+        for label, url in (
+            ("single-node Redis", single.url),
+            ("Redis Cluster, 3 masters + 3 replicas", cluster.url),
+            ("Redis Cluster, ?wait_replicas=1", cluster.url + "?wait_replicas=1"),
+        ):
+            print(f"\n== one run at a time: {label}")
+            asyncio.run(bench(url, args.steps, args.runs, None))
+        print(f"\n== concurrency keys: pairs/s, 100 keys, 64 tasks, best of {args.rounds}")
+        for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
+            rate = asyncio.run(_pairs_per_s(url, args.rounds))
+            print(f"{label:<20} {rate:>10,.0f} pairs/s")
+        print(
+            f"\n== total durable steps/s: {args.processes} runner processes x "
+            f"{args.concurrency} runs at once, {args.steps}-step runs, {args.seconds:g} s"
+        )
+        for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
+            rate, masters = _load(url, args), ""
+            if url == cluster.url:
+                masters = f"  (runs spread over {len(cluster.masters())} masters)"
+            print(f"{label:<20} {rate:>10,.0f} durable steps/s{masters}")
+
+
+async def _pairs_per_s(url: str, rounds: int) -> float:
+    from concurrency import _pairs, _rate  # bench/concurrency.py
+
+    from chainrt.concurrency import KeyRequest, RedisLimiter
+
+    limiter = RedisLimiter.from_url(url)
+    await (await limiter.acquire([KeyRequest("warm", 1)], timeout_s=1, holder="w")).release()
+    best = 0.0
+    for _ in range(rounds):
+        best = max(best, await _rate(_pairs(limiter, 100), 64, 1.0))
+    await limiter.close()
+    return best
+
+
+def _load(url: str, args: argparse.Namespace) -> float:
+    """Durable steps/s summed over the runner processes, over the window they all ran."""
+    source = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).parent), source])}
+    cmd = [sys.executable, "-c", _LOAD, url, str(args.steps), str(args.concurrency)]
+    cmd += [str(args.seconds), source]
+    procs = [
+        subprocess.Popen(cmd, text=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for _ in range(args.processes)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a load process did not start")
+        start = time.time() + 0.5
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start}\n")
+            proc.stdin.flush()
+        rows = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=args.seconds + 120)
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    window = max(r["last"] for r in rows) - min(r["first"] for r in rows)
+    return float(sum(r["steps"] for r in rows) / window)
