@@ -37,6 +37,7 @@ from chainrt.dispatch import (  # noqa: E402
     Dispatcher,
     LlmCall,
     ModelBackend,
+    TextSink,
     make_dispatcher,
     parse_pool_config,
 )
@@ -91,7 +92,10 @@ class _InstantBackend(ModelBackend):
         deadline: float,
         *,
         avoid: frozenset[str] = frozenset(),
+        on_text: TextSink | None = None,
     ) -> BackendAnswer:
+        if on_text is not None:
+            on_text("OK")
         return BackendAnswer("OK", "stop", 5, 1, endpoint="in-process")
 
 

@@ -130,11 +130,20 @@ def _started_data(record: RunRecord, *, resumed: bool) -> dict[str, Any]:
 
 
 class EventProgress(Progress):
-    """Turns one run's progress calls into :class:`RunEvent` s handed to ``sink``."""
+    """Turns one run's progress calls into :class:`RunEvent` s handed to ``sink``.
+
+    ``attempt`` and ``token`` events are sent as they happen (LLM steps stream for it); attempts
+    a step's record holds that were not sent live (a step kind that does not report them) are
+    sent before its ``step_finished``.
+    """
+
+    wants_tokens = True
 
     def __init__(self, sink: Callable[[RunEvent], None], run_id: str = "") -> None:
         self._sink = sink
         self._run_id = run_id
+        self._sent: dict[str, int] = {}
+        """Attempts sent live, per step id."""
 
     def run_started(self, record: RunRecord, *, resumed: bool) -> None:
         """``run_started``: chain and budget."""
@@ -147,9 +156,19 @@ class EventProgress(Progress):
         data = {"allotted_ms": round(allotted_ms, 3), "model": model}
         self._sink(RunEvent("step_started", self._run_id, time.time(), step.id, data))
 
+    def attempt(self, step_id: str, record: AttemptRecord) -> None:
+        """``attempt``: endpoint, status, ms, why — as soon as the attempt ended."""
+        self._sent[step_id] = self._sent.get(step_id, 0) + 1
+        self._sink(_attempt(self._run_id, step_id, record, time.time()))
+
+    def token(self, step_id: str, text: str) -> None:
+        """``token``: generated text as it streams."""
+        self._sink(RunEvent("token", self._run_id, time.time(), step_id, {"text": text}))
+
     def step_finished(self, record: StepRecord) -> None:
-        """Its ``attempt`` events, then ``step_finished``."""
-        for event in step_events(self._run_id, record, time.time()):
+        """Its ``attempt`` events not sent live, then ``step_finished``."""
+        sent = self._sent.pop(record.step_id, 0)
+        for event in step_events(self._run_id, record, time.time())[sent:]:
             self._sink(event)
 
     def run_finished(self, result: RunResult) -> None:
@@ -163,6 +182,8 @@ class FanOut(Progress):
 
     def __init__(self, *targets: Progress) -> None:
         self._targets = targets
+        self._token_targets = tuple(t for t in targets if t.wants_tokens)
+        self.wants_tokens = bool(self._token_targets)
 
     def run_started(self, record: RunRecord, *, resumed: bool) -> None:
         """To every target."""
@@ -173,6 +194,16 @@ class FanOut(Progress):
         """To every target."""
         for target in self._targets:
             target.step_started(step, allotted_ms, model)
+
+    def attempt(self, step_id: str, record: AttemptRecord) -> None:
+        """To every target."""
+        for target in self._targets:
+            target.attempt(step_id, record)
+
+    def token(self, step_id: str, text: str) -> None:
+        """To every target that wants tokens."""
+        for target in self._token_targets:
+            target.token(step_id, text)
 
     def step_finished(self, record: StepRecord) -> None:
         """To every target."""

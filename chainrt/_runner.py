@@ -39,7 +39,7 @@ from ._errors import (
     TemplateError,
 )
 from ._lease import Heartbeat, claim, new_lease, this_host, wait_for_owner
-from ._progress import NO_PROGRESS, Progress
+from ._progress import NO_PROGRESS, STEP_PROGRESS, Progress
 from ._result import RunResult
 from ._run import (
     Clock,
@@ -411,7 +411,11 @@ class Runner:
         """One step inside its interceptors."""
         step = start.step
         progress.step_started(step, start.allotted_ms, step.llm.model if step.llm else None)
-        return await run_step(start, scope, self.limiter, self._executor(step), source_dir)
+        token = STEP_PROGRESS.set(progress)  # the step's executor reports attempts and tokens
+        try:
+            return await run_step(start, scope, self.limiter, self._executor(step), source_dir)
+        finally:
+            STEP_PROGRESS.reset(token)
 
     def _executor(self, step: StepSpec) -> KindExecutor:
         if step.llm is not None:

@@ -214,6 +214,7 @@ def test_dispatch_public_names_are_pinned() -> None:
         "ModelBackend",
         "PoolConfig",
         "Priority",
+        "TextSink",
         "load_pool_config",
         "make_dispatcher",
         "parse_pool_config",

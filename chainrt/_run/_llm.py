@@ -8,12 +8,14 @@ dispatcher's answer (or failure) into a step outcome.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from .._errors import ChainRTError
+from .._progress import NO_PROGRESS, STEP_PROGRESS
 from ..dispatch import Dispatcher, DispatchFailed, LlmCall
 from ..spec import ChainSpec, StepSpec, render_value
 from ._step import StepOutcome
@@ -118,5 +120,13 @@ class LlmExecutor:
         deadline: float,
         source_dir: Path | None,
     ) -> StepOutcome:
-        """Dispatch the step's call inside ``deadline``."""
-        return await run_llm(self.dispatcher, llm_call(step, scope, run_id), deadline)
+        """Dispatch the step's call inside ``deadline``; attempts (and tokens, when wanted) go
+        to the run's progress."""
+        call = llm_call(step, scope, run_id)
+        progress = STEP_PROGRESS.get()
+        if progress is not NO_PROGRESS:
+            step_id = step.id
+            call.on_attempt = functools.partial(progress.attempt, step_id)
+            if progress.wants_tokens:
+                call.on_token = functools.partial(progress.token, step_id)
+        return await run_llm(self.dispatcher, call, deadline)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from .._hooks import NO_HOOKS, Hooks, observes
-from ._backend import BackendAnswer, BackendError, LocalBackend, ModelBackend
+from ._backend import BackendAnswer, BackendError, LocalBackend, ModelBackend, TextSink
 from ._dispatcher import Dispatcher, DispatchFailed
 from ._http import HttpBackend
 from ._latency import LatencyTracker
@@ -36,6 +36,7 @@ __all__ = [
     "ModelBackend",
     "PoolConfig",
     "Priority",
+    "TextSink",
     "load_pool_config",
     "make_dispatcher",
     "parse_pool_config",

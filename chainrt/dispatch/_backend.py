@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,10 @@ from ..wire import PRIORITIES
 from ._latency import Sample
 from ._types import LlmCall
 
-__all__ = ["BackendAnswer", "BackendError", "LocalBackend", "ModelBackend"]
+__all__ = ["BackendAnswer", "BackendError", "LocalBackend", "ModelBackend", "TextSink"]
+
+TextSink = Callable[[str], None]
+"""Receives each piece of generated text as it arrives (a streamed attempt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +61,13 @@ class ModelBackend(abc.ABC):
         deadline: float,
         *,
         avoid: frozenset[str] = frozenset(),
+        on_text: TextSink | None = None,
     ) -> BackendAnswer:
         """One attempt, stopping at ``deadline`` (unix seconds). BackendError on failure.
 
         ``avoid`` names endpoints that already failed during this step: pick another one when
-        there is one.
+        there is one. With ``on_text`` the answer is streamed: each piece of text goes to it as
+        it is generated, and the returned answer holds the whole text.
         """
 
     async def prepare(self) -> None:
@@ -125,6 +131,7 @@ class LocalBackend(ModelBackend):
         deadline: float,
         *,
         avoid: frozenset[str] = frozenset(),
+        on_text: TextSink | None = None,
     ) -> BackendAnswer:
         from workers.engines import ChatMessage, GenerationRequest, get_local_engine
 
@@ -142,7 +149,10 @@ class LocalBackend(ModelBackend):
         try:
             engine = get_local_engine()
             await engine.start()
-            result = await engine.generate(request)
+            if on_text is None:
+                result = await engine.generate(request)
+            else:
+                result = await _streamed(engine, request, on_text)
         except WorkerError as exc:
             raise BackendError(
                 f"local model failed: {exc.message}", error_class="engine", retryable=exc.retryable
@@ -154,6 +164,16 @@ class LocalBackend(ModelBackend):
             completion_tokens=result.completion_tokens,
             endpoint="in-process",
         )
+
+
+async def _streamed(engine: Any, request: Any, on_text: TextSink) -> Any:
+    """Generate piece by piece, each piece to ``on_text``; the whole result at the end."""
+    async for delta in engine.stream(request):
+        if delta.text:
+            on_text(delta.text)
+        if delta.result is not None:
+            return delta.result
+    raise WorkerError("the local engine ended a stream without a result")
 
 
 async def _measure(engine: Any) -> tuple[Sample, ...]:

@@ -81,10 +81,12 @@ class Dispatcher:
         for index, model in enumerate(order):
             backend = self._backends.get(model)
             if backend is None:
-                _skip(attempts, model, f"model {model!r} is not in the pool (add it to --pool)")
+                _skip(
+                    call, attempts, model, f"model {model!r} is not in the pool (add it to --pool)"
+                )
                 continue
             if not backend.available():
-                _skip(attempts, model, backend.why_unavailable())
+                _skip(call, attempts, model, backend.why_unavailable())
                 continue
             tried = True
             answer = await _ModelTry(
@@ -93,15 +95,19 @@ class Dispatcher:
             if answer is not None:
                 return answer
         if call.static_answer is not None:
-            attempts.append(
+            _append(
+                call,
+                attempts,
                 AttemptRecord(
                     attempt=len(attempts) + 1,
                     model="static",
                     status="ok",
                     elapsed_ms=0,
                     detail="every model failed; the step's static answer was used",
-                )
+                ),
             )
+            if call.on_token is not None and call.static_answer:
+                call.on_token(call.static_answer)
             return LlmAnswer(
                 text=call.static_answer,
                 model="static",
@@ -164,11 +170,19 @@ class Dispatcher:
             await backend.close()
 
 
-def _skip(attempts: list[AttemptRecord], model: str, detail: str) -> None:
-    attempts.append(
+def _append(call: LlmCall, attempts: list[AttemptRecord], record: AttemptRecord) -> None:
+    attempts.append(record)
+    if call.on_attempt is not None:
+        call.on_attempt(record)
+
+
+def _skip(call: LlmCall, attempts: list[AttemptRecord], model: str, detail: str) -> None:
+    _append(
+        call,
+        attempts,
         AttemptRecord(
             attempt=len(attempts) + 1, model=model, status="skipped", elapsed_ms=0, detail=detail
-        )
+        ),
     )
 
 
@@ -265,7 +279,12 @@ class _ModelTry:
         try:
             got = await _bounded(
                 self.backend.complete(
-                    attempt, model, self.max_tokens, end, avoid=frozenset(self.avoid)
+                    attempt,
+                    model,
+                    self.max_tokens,
+                    end,
+                    avoid=frozenset(self.avoid),
+                    on_text=call.on_token,
                 ),
                 end,
             )
@@ -275,7 +294,7 @@ class _ModelTry:
             if exc.error_class == "unavailable":
                 self._log("skipped", elapsed, None, exc.message)
                 raise _Skipped(exc.message) from None
-            self._log(exc.error_class, elapsed, exc.endpoint, exc.message)
+            self._log(exc.error_class, elapsed, exc.endpoint, exc.message, final=False)
             if exc.endpoint is not None:
                 self.avoid.add(exc.endpoint)
             raise
@@ -309,18 +328,27 @@ class _ModelTry:
             )
 
     def _log(
-        self, status: str, elapsed_ms: float, endpoint: str | None, detail: str | None
+        self,
+        status: str,
+        elapsed_ms: float,
+        endpoint: str | None,
+        detail: str | None,
+        *,
+        final: bool = True,
     ) -> None:
-        self.attempts.append(
-            AttemptRecord(
-                attempt=len(self.attempts) + 1,
-                model=self.model,
-                endpoint=endpoint,
-                status=status,
-                elapsed_ms=round(elapsed_ms, 3),
-                detail=detail,
-            )
+        """Add an entry to the attempt log; ``final``: tell ``on_attempt`` now (a failure is
+        told once the retry decision has been added to its detail, in :meth:`_wait`)."""
+        record = AttemptRecord(
+            attempt=len(self.attempts) + 1,
+            model=self.model,
+            endpoint=endpoint,
+            status=status,
+            elapsed_ms=round(elapsed_ms, 3),
+            detail=detail,
         )
+        self.attempts.append(record)
+        if final and self.call.on_attempt is not None:
+            self.call.on_attempt(record)
 
     # ------------------------------------------------------------------ tenacity hooks
 
@@ -351,6 +379,8 @@ class _ModelTry:
         self.decision = decision
         last = self.attempts[-1]
         last.detail = f"{last.detail}; {decision.why}" if last.detail else decision.why
+        if self.call.on_attempt is not None:
+            self.call.on_attempt(last)
         if isinstance(decision, MoveOn):
             return 0.0
         self.max_tokens = decision.max_tokens

@@ -37,12 +37,13 @@ import httpx
 
 from ..errors import BackendError, InsufficientMemory
 from ..wire import INSUFFICIENT_MEMORY, breaker_class, parse_error_body, request_headers
-from ._backend import BackendAnswer, ModelBackend
+from ._backend import BackendAnswer, ModelBackend, TextSink
 from ._breaker import BreakerPolicy
 from ._choice import choose
 from ._client import ClientPool, ssl_context
 from ._endpoints import EndpointTable, Ticket
 from ._health import HealthPoller
+from ._sse import ChunkReader
 from ._types import LlmCall
 
 __all__ = ["HttpBackend", "PoolResources", "error_from_response", "parse_retry_after"]
@@ -145,6 +146,7 @@ class HttpBackend(ModelBackend):
         deadline: float,
         *,
         avoid: frozenset[str] = frozenset(),
+        on_text: TextSink | None = None,
     ) -> BackendAnswer:
         self.resources.start()
         ticket = self._pick(avoid)
@@ -153,7 +155,7 @@ class HttpBackend(ModelBackend):
         finished = False
         try:
             try:
-                answer = await self._post(call, url, max_tokens, deadline)
+                answer = await self._post(call, url, max_tokens, deadline, on_text)
             except BackendError as exc:
                 # A 429 with max_tokens advice refused this request's size, not the endpoint:
                 # a smaller request may go at once, so its Retry-After holds this request only.
@@ -201,7 +203,12 @@ class HttpBackend(ModelBackend):
         return ticket
 
     async def _post(
-        self, call: LlmCall, url: str, max_tokens: int, deadline: float
+        self,
+        call: LlmCall,
+        url: str,
+        max_tokens: int,
+        deadline: float,
+        on_text: TextSink | None = None,
     ) -> BackendAnswer:
         client = self.resources.clients.get()
         left = deadline - time.time()
@@ -216,16 +223,15 @@ class HttpBackend(ModelBackend):
             request_id=f"{call.run_id}:{call.step_id}" if call.run_id else None,
         )
         timeout = httpx.Timeout(left, connect=min(left, self.resources.connect_timeout_s))
+        target = self._bases[url] + CHAT_PATH
+        body = _body(call, self.served_model, max_tokens, stream=on_text is not None)
         try:
             # httpx times connect, write and read apart; this bounds the whole exchange, so the
             # attempt ends at its deadline with a verdict on the endpoint.
             async with asyncio.timeout(left):
-                response = await client.post(
-                    self._bases[url] + CHAT_PATH,
-                    content=_body(call, self.served_model, max_tokens),
-                    headers=headers,
-                    timeout=timeout,
-                )
+                if on_text is not None:
+                    return await _stream(client, target, body, headers, timeout, url, on_text)
+                response = await client.post(target, content=body, headers=headers, timeout=timeout)
         except TimeoutError:
             raise _error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
         except httpx.TimeoutException as exc:
@@ -245,13 +251,46 @@ class HttpBackend(ModelBackend):
         return _answer(response.content, url)
 
 
-def _body(call: LlmCall, served_model: str, max_tokens: int) -> bytes:
+async def _stream(
+    client: httpx.AsyncClient,
+    target: str,
+    body: bytes,
+    headers: dict[str, str],
+    limits: httpx.Timeout,
+    url: str,
+    on_text: TextSink,
+) -> BackendAnswer:
+    """POST a streamed request and hand each piece of text to ``on_text`` as it arrives.
+
+    Leaving early (the deadline, a cancelled step, a hedge that lost) closes the connection,
+    which stops a chainrt worker's generation at its next token.
+    """
+    async with client.stream(
+        "POST", target, content=body, headers=headers, timeout=limits
+    ) as response:
+        if response.status_code != 200:
+            content = await response.aread()
+            raise error_from_response(response.status_code, response.headers, content, url)
+        reader = ChunkReader(url)
+        async for line in response.aiter_lines():
+            text = reader.feed(line)
+            if text is not None:
+                on_text(text)
+            if reader.done:
+                break
+        return reader.answer()
+
+
+def _body(call: LlmCall, served_model: str, max_tokens: int, *, stream: bool = False) -> bytes:
     payload: dict[str, Any] = {
         "model": served_model,
         "messages": [{"role": role, "content": content} for role, content in call.messages],
         "max_tokens": max_tokens,
         "temperature": call.temperature,
     }
+    if stream:
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
     if call.stop:
         payload["stop"] = call.stop
     if call.json_schema is not None:

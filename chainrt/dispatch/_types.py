@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,11 @@ class LlmCall:
     """W3C trace context to send with the request (tracing sets it for each attempt)."""
     attempt: int = 1
     """Number of this attempt within the step (the dispatcher sets it on each attempt's copy)."""
+    on_token: Callable[[str], None] | None = None
+    """Set: stream the answer — each piece of generated text is passed here as it arrives (from
+    every attempt: after a failed one, the next attempt's text starts over)."""
+    on_attempt: Callable[[AttemptRecord], None] | None = None
+    """Set: each entry of the attempt log is passed here as soon as it is written."""
 
 
 @dataclass(slots=True)

@@ -8,9 +8,11 @@ last-resort answer. Every call is one :class:`~chainrt.dispatch.LlmCall` with a 
     llm = ChatChainrt(model="primary", fallbacks=["local"], pool="pool.yaml", timeout=8)
     llm.invoke("Where is order 1042?").usage_metadata     # {'input_tokens': ..., ...}
 
-Streaming yields the answer as one text chunk followed by a closing chunk that carries usage and
-metadata: the dispatcher answers whole (fallbacks and the JSON check decide only on a complete
-answer), so token-by-token streaming waits for a streaming dispatcher API.
+Streaming (``stream``/``astream``, ``astream_events``) yields the answer's text as the worker
+or the local model generates it, then a closing chunk that carries usage and metadata. A model
+that fails before its first token falls back as ``invoke`` does; one that fails after tokens
+were yielded (a dropped connection, the deadline, invalid JSON) raises
+:class:`~chainrt.dispatch.DispatchFailed`: chunks already handed out cannot be taken back.
 
 Structured output and tool calling run on constrained decoding (DESIGN §7): the answer is decoded
 into a JSON Schema by the engine itself, so even the small local model returns valid JSON of the
@@ -20,6 +22,9 @@ tool-call schema (``{"name": ..., "arguments": {...}}``), which comes back as ``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -53,11 +58,11 @@ from workers.engines import (
     tools_instruction,
 )
 
-from .._errors import InputError
+from .._errors import ChainRTError, InputError
 from .._runtime import default_hooks
 from .._settings import get_settings
-from ..dispatch import Dispatcher, LlmAnswer, LlmCall, Priority, make_dispatcher
-from ._loop import on_loop, on_shutdown, run_sync
+from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall, Priority, make_dispatcher
+from ._loop import aiterate_on_loop, iterate_sync, on_loop, on_shutdown, run_sync
 from ._messages import to_chat_pairs, with_json_instruction, with_system_text
 from ._steps import STEP_DEADLINE
 from ._tools import tool_calls, tool_specs
@@ -251,7 +256,10 @@ class ChatChainrt(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
-        yield from _chunks(call, run_sync(self._answer(call, deadline)), tools)
+        if tools:  # a tool call is decoded from the whole answer
+            yield from _chunks(call, run_sync(self._answer(call, deadline)), tools)
+            return
+        yield from iterate_sync(self._pieces(call, deadline))
 
     async def _astream(
         self,
@@ -261,8 +269,44 @@ class ChatChainrt(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
-        for chunk in _chunks(call, await on_loop(self._answer(call, deadline)), tools):
+        if tools:  # a tool call is decoded from the whole answer
+            for chunk in _chunks(call, await on_loop(self._answer(call, deadline)), tools):
+                yield chunk
+            return
+        async for chunk in aiterate_on_loop(self._pieces(call, deadline)):
             yield chunk
+
+    async def _pieces(self, call: LlmCall, deadline: float) -> AsyncIterator[ChatGenerationChunk]:
+        """The streamed answer as chunks (runs on the background loop, beside the pool)."""
+        pieces: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        call.on_token = functools.partial(_put, pieces, "text")
+        call.on_attempt = functools.partial(_put, pieces, "attempt")
+        task = asyncio.ensure_future(self._answer(call, deadline))
+        task.add_done_callback(lambda _: pieces.put_nowait(("end", None)))
+        streamed = 0
+        try:
+            while True:
+                kind, value = await pieces.get()
+                if kind == "end":
+                    break
+                if kind == "text":
+                    streamed += 1
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=value))
+                elif streamed and value.status not in ("ok", "deadline"):
+                    raise DispatchFailed(
+                        f"model {value.model!r} failed after {streamed} chunk(s) were streamed "
+                        f"({value.status}: {value.detail}); streamed chunks cannot be taken "
+                        "back, so no fallback is tried mid-stream",
+                        [value],
+                    )
+            answer = task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ChainRTError):
+                    await task
+        *_, closing = _chunks(call, answer, [])  # the text was streamed already
+        yield closing
 
     # ------------------------------------------------------------------ declarative methods
 
@@ -395,6 +439,10 @@ def _result(call: LlmCall, answer: LlmAnswer, tools: list[ToolSpec]) -> ChatResu
         generations=[ChatGeneration(message=message)],
         llm_output={"model_name": answer.model, "token_usage": usage},
     )
+
+
+def _put(queue: asyncio.Queue[tuple[str, Any]], kind: str, value: Any) -> None:
+    queue.put_nowait((kind, value))
 
 
 def _chunks(

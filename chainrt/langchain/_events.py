@@ -11,14 +11,16 @@ from .._result import RunResult
 
 if TYPE_CHECKING:
     from ..spec import StepSpec
-    from ..store._records import RunRecord, StepRecord
+    from ..store._records import AttemptRecord, RunRecord, StepRecord
 
 __all__ = ["ChainEvent", "QueueProgress", "RunIncomplete"]
 
 
 class ChainEvent(dict[str, Any]):
-    """One progress event of a streamed run; ``event`` is run_started, step_started,
-    step_finished or run_finished, ``run_id`` the chainrt run. A plain JSON-ready dict otherwise:
+    """One progress event of a streamed run; ``event`` is run_started, step_started, attempt,
+    token (``text``: an LLM step's generated text as it streams), step_finished or run_finished,
+    ``run_id`` the chainrt run. After a failed attempt of a step (an ``attempt`` event whose
+    ``status`` is not ``ok``), that step's earlier tokens are void: the next attempt starts over. A plain JSON-ready dict otherwise:
     ``isinstance(chunk, ChainEvent)`` tells events from the final output."""
 
 
@@ -44,6 +46,8 @@ class RunIncomplete(StepError):
 class QueueProgress(Progress):
     """Turns the runner's progress callbacks into :class:`ChainEvent` items of a queue."""
 
+    wants_tokens = True
+
     def __init__(self, events: asyncio.Queue[ChainEvent | None], run_id: str) -> None:
         self._events = events
         self._run_id = run_id
@@ -62,6 +66,12 @@ class QueueProgress(Progress):
             allotted_ms=round(allotted_ms, 3),
             model=model,
         )
+
+    def attempt(self, step_id: str, record: AttemptRecord) -> None:
+        self._put("attempt", step=step_id, **record.model_dump(mode="json"))
+
+    def token(self, step_id: str, text: str) -> None:
+        self._put("token", step=step_id, text=text)
 
     def step_finished(self, record: StepRecord) -> None:
         self._put(

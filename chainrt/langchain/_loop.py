@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-__all__ = ["iterate_sync", "on_loop", "on_shutdown", "run_sync"]
+__all__ = ["aiterate_on_loop", "iterate_sync", "on_loop", "on_shutdown", "run_sync"]
 
 T = TypeVar("T")
 
@@ -167,3 +167,47 @@ def iterate_sync(stream: AsyncIterator[T]) -> Iterator[T]:
             # The cancelled future settles at once; the producer's clean-up (a run giving its
             # lease back) runs on the loop afterwards, and is worth waiting for.
             finished.wait(timeout=_SHUTDOWN_S)
+
+
+async def aiterate_on_loop(stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Iterate an async iterator that runs on the background loop, from any other loop.
+
+    Items cross loops through ``call_soon_threadsafe`` as they are produced; closing this
+    iterator early (or cancelling its consumer) cancels the producer.
+    """
+    if _on_portal_thread():
+        async for item in stream:
+            yield item
+        return
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    def put(kind: int, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the consumer's loop is closed: nobody waits
+            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+    async def pump() -> None:
+        try:
+            async for item in stream:
+                put(_ITEM, item)
+        except asyncio.CancelledError:
+            put(_END, None)
+            raise
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(_ERROR, exc)
+        else:
+            put(_END, None)
+
+    future = _background_portal().start_task_soon(pump)
+    try:
+        while True:
+            kind, value = await items.get()
+            if kind == _ITEM:
+                yield value
+            elif kind == _ERROR:
+                raise value
+            else:
+                return
+    finally:
+        if not future.done():
+            future.cancel()

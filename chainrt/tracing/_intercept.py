@@ -29,7 +29,7 @@ from .._hooks import Hooks
 from .._result import RunResult
 from .._run import RunCall, RunInterceptor, RunStart, StepCall, StepStart
 from ..concurrency import Holding, KeyRequest, KeyState, Limiter
-from ..dispatch._backend import BackendAnswer, BackendError, ModelBackend
+from ..dispatch._backend import BackendAnswer, BackendError, ModelBackend, TextSink
 from ..dispatch._latency import Sample
 from ..dispatch._types import LlmCall
 from ..store._protocol import CheckpointStore
@@ -212,6 +212,7 @@ class TracedBackend(ModelBackend):
         deadline: float,
         *,
         avoid: frozenset[str] = frozenset(),
+        on_text: TextSink | None = None,
     ) -> BackendAnswer:
         """One attempt inside its span."""
         attributes = {
@@ -229,7 +230,9 @@ class TracedBackend(ModelBackend):
             traceparent = self.hooks.traceparent() or call.traceparent
             call = dataclasses.replace(call, traceparent=traceparent)
             try:
-                got = await self.inner.complete(call, model, max_tokens, deadline, avoid=avoid)
+                got = await self.inner.complete(
+                    call, model, max_tokens, deadline, avoid=avoid, on_text=on_text
+                )
             except BackendError as exc:
                 span.error(exc)
                 endpoint = redact_text(exc.endpoint) if exc.endpoint else exc.endpoint
