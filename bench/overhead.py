@@ -1,7 +1,7 @@
 """The runtime's own cost per durable step: no-op async tools, every step checkpointed.
 
     .venv/bin/python bench/overhead.py [--store sqlite:///tmp/x.db | redis://...] [--steps 100]
-        [--runs 30] [--trace]
+        [--runs 30] [--trace] [--concurrency 1,8,64]
 
 Prints p50/p99 of the time per step (from one step's start to the next one's: budget decision,
 template rendering, the tool call, the atomic checkpoint write) and durable steps/s, plus the
@@ -14,6 +14,11 @@ redis-server (AOF, fsync every second, as docker-compose runs it; `--no-persiste
 off). `--store redis-cluster` compares single-node Redis with a private local Redis Cluster in
 one run (see bench/_cluster.py: one run at a time, `?wait_replicas=1`, concurrency pairs/s, and
 total durable steps/s over `--processes` runner processes).
+
+With ``--concurrency N[,N...]`` it runs N runs at once in one process instead, for each N, and
+prints durable steps/s (every step of every run, over the wall time of the whole batch) and the
+per-step p50/p99 across all runs, next to the raw round trip's p50/p99 in the same run; each N
+repeats batches until about ``--runs x --steps`` steps have run (at least 3 batches).
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _raw_round_trip(url: str, n: int = 2000) -> tuple[float, str]:
+    samples, name = await _raw_samples(url, n)
+    return statistics.median(samples), name
+
+
+async def _raw_samples(url: str, n: int = 2000) -> tuple[list[float], str]:
     if url.startswith(("redis://", "rediss://")):
         import redis.asyncio as aioredis
 
@@ -66,7 +76,7 @@ async def _raw_round_trip(url: str, n: int = 2000) -> tuple[float, str]:
             await client.evalsha(sha, 0)
             samples.append((time.perf_counter() - t) * 1e3)
         await client.aclose()
-        return statistics.median(samples), "raw EVALSHA round trip"
+        return samples, "raw EVALSHA round trip"
     import sqlite3
 
     path = url.removeprefix("sqlite:///")
@@ -82,7 +92,7 @@ async def _raw_round_trip(url: str, n: int = 2000) -> tuple[float, str]:
         conn.execute("COMMIT")
         samples.append((time.perf_counter() - t) * 1e3)
     conn.close()
-    return statistics.median(samples), "raw SQLite write transaction"
+    return samples, "raw SQLite write transaction"
 
 
 async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> None:
@@ -136,6 +146,51 @@ async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> 
     print(f"{raw_name:<16} p50 {raw_ms:.3f} ms   ratio step/raw {p50 / raw_ms:.1f}x")
 
 
+async def _concurrent(store_url: str, steps: int, runs: int, levels: list[int]) -> None:
+    spec = spec_from_dict(_chain(steps))
+    source = Path(__file__).resolve().parent
+    rows = []
+    async with open_runtime(store=store_url) as runtime:
+        await runtime.runner.run(spec, {}, source_dir=source)  # warm-up: imports, caches, tables
+        for level in levels:
+            batches = max(3, runs * steps // (level * steps))
+            gaps: list[float] = []
+            done = 0
+            wall = 0.0
+            for _ in range(batches):
+                t = time.perf_counter()
+                results = await asyncio.gather(
+                    *(runtime.runner.run(spec, {}, source_dir=source) for _ in range(level))
+                )
+                wall += time.perf_counter() - t
+                for result in results:
+                    assert result.status == "completed", result.error
+                    records = await runtime.store.get_steps(result.run_id)
+                    starts = sorted(r.started_at for r in records.values())
+                    gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
+                    done += len(records)
+            rows.append((level, batches, done / wall, _pct(gaps, 0.5), _pct(gaps, 0.99)))
+        raw, raw_name = await _raw_samples(store_url)
+    raw50, raw99 = _pct(raw, 0.5), _pct(raw, 0.99)
+    print(f"store            {runtime.store.url}")
+    print(f"chain            {steps} no-op tool steps, every one checkpointed")
+    print(f"{raw_name:<32} p50 {raw50:.3f} ms   p99 {raw99:.3f} ms")
+    print(
+        f"{'runs at once':>12} {'batches':>8} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'p50/raw':>8} {'p99/raw':>8} {'steps/s vs N=1':>15}"
+    )
+    base = rows[0][2]
+    for level, batches, rate, p50, p99 in rows:
+        print(
+            f"{level:>12} {batches:>8} {rate:>9,.0f} {p50:>8.3f} {p99:>8.3f} "
+            f"{p50 / raw50:>7.2f}x {p99 / raw99:>7.2f}x {rate / base:>14.2f}x"
+        )
+
+
+def _levels(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,6 +200,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument(
         "--trace", action="store_true", help="measure with tracing hooks on (in-memory exporter)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_levels,
+        help="runs at once in one process, e.g. 1,8,64 (steps/s and per-step p50/p99 for each)",
     )
     add_persistence_flag(parser)
     from _cluster import add_cluster_flags
@@ -166,11 +226,17 @@ def main() -> None:
 
         print(f"private redis-server, {persistence_label(args)}")
         with private_server(args) as server:
-            asyncio.run(_bench(server.url, args.steps, args.runs, hooks))
+            asyncio.run(_measure(args, server.url, hooks))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        url = args.store or f"sqlite:///{tmp}/overhead.db"
-        asyncio.run(_bench(url, args.steps, args.runs, hooks))
+        asyncio.run(_measure(args, args.store or f"sqlite:///{tmp}/overhead.db", hooks))
+
+
+async def _measure(args: argparse.Namespace, url: str, hooks: Hooks | None) -> None:
+    if args.concurrency:
+        await _concurrent(url, args.steps, args.runs, args.concurrency)
+    else:
+        await _bench(url, args.steps, args.runs, hooks)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis import exceptions as rx
@@ -50,6 +50,7 @@ from ._codec import (
     no_lease,
     not_found,
 )
+from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
@@ -78,6 +79,15 @@ _AUTH: tuple[type[BaseException], ...] = (rx.AuthenticationError, rx.Authorizati
 _RETRIED: tuple[type[BaseException], ...] = (*_TRANSIENT, rx.RedisClusterException)
 _SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most this often
 _SWEEP_BATCH = 500
+
+
+class _Commit(NamedTuple):
+    """One commit, encoded as the commit script's keys and arguments."""
+
+    run_id: str
+    token: int
+    keys: tuple[str, str]
+    args: list[str | bytes]
 
 
 class RedisStore(CheckpointStore):
@@ -122,6 +132,7 @@ class RedisStore(CheckpointStore):
         self._redis = self._new_client()  # no I/O yet; parses (and so checks) the URL now
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._commits: InFlightGroup[_Commit] = InFlightGroup(self._send_commits)
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -216,8 +227,50 @@ class RedisStore(CheckpointStore):
             step_data,
             self._ttl_ms if progress.status in FINAL_STATUSES else "0",
         ]
-        reply = await self._script("commit", [self.keys.run(run_id), self.keys.steps(run_id)], args)
-        self._check(reply, run_id, token, action="commit")
+        keys = (self.keys.run(run_id), self.keys.steps(run_id))
+        await self._commits.submit(_Commit(run_id, token, keys, args))
+
+    async def _send_commits(self, commits: list[_Commit]) -> Outcomes:
+        """Group commit's sender: one commit as one EVALSHA; several in one pipeline (one round
+        trip; each script still fenced and atomic on its own). On a cluster, or with
+        ``wait_replicas``, each goes on its own as before (their keys live in different slots)."""
+        if len(commits) == 1 or self.cluster is not False or self.wait_replicas:
+            return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
+        script = SCRIPTS["commit"]
+
+        async def send() -> list[Any]:
+            for attempt in range(2):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for c in commits:
+                        pipe.execute_command("EVALSHA", script.sha, 2, *c.keys, *c.args)
+                    replies: list[Any] = await pipe.execute(raise_on_error=False)
+                if attempt or not any(isinstance(r, rx.NoScriptError) for r in replies):
+                    break
+                # The server lost its scripts (a restart): load, then send the batch again
+                # (the commits that did run find their own writes; each is safe to send twice).
+                await self._client.script_load(script.source)
+            return replies
+
+        replies = await self._call(send, key=commits[0].keys[0])
+        outcomes: Outcomes = []
+        for c, reply in zip(commits, replies, strict=True):
+            try:
+                if isinstance(reply, rx.ResponseError):
+                    raise self._refused(reply, c.keys[0])
+                self._check(reply, c.run_id, c.token, action="commit")
+            except CheckpointError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    async def _commit_one(self, commit: _Commit) -> BaseException | None:
+        try:
+            reply = await self._script("commit", commit.keys, commit.args)
+            self._check(reply, commit.run_id, commit.token, action="commit")
+        except CheckpointError as exc:
+            return exc
+        return None
 
     async def claim(self, run_id: str, expected_token: int, owner: OwnerLease) -> int:
         """Compare-and-set the fencing token; the new token is ``expected_token + 1``."""
@@ -455,15 +508,17 @@ class RedisStore(CheckpointStore):
                 f"the Redis Cluster store {self.url} refused a command: {_one_line(exc)}"
             ) from None
         except rx.ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
-                raise CorruptRecord(
-                    f"the key {key} in {self.url} holds another type of value than a "
-                    "checkpoint store writes; something else wrote to it. Delete it or use "
-                    "another key prefix"
-                ) from None
-            raise CheckpointError(
-                f"the Redis store {self.url} refused a command: {_one_line(exc)}"
-            ) from None
+            raise self._refused(exc, key) from None
+
+    def _refused(self, exc: rx.ResponseError, key: str) -> CheckpointError:
+        """The error of a command Redis refused (WRONGTYPE: something else wrote ``key``)."""
+        if str(exc).startswith("WRONGTYPE"):
+            return CorruptRecord(
+                f"the key {key} in {self.url} holds another type of value than a "
+                "checkpoint store writes; something else wrote to it. Delete it or use "
+                "another key prefix"
+            )
+        return CheckpointError(f"the Redis store {self.url} refused a command: {_one_line(exc)}")
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailable:
         what = "Redis Cluster" if self.cluster else "Redis"

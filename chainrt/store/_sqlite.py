@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import CheckpointError, RunNotFound, StoreUnavailable
 from .._settings import get_settings
@@ -37,6 +37,7 @@ from ._codec import (
     no_lease,
     not_found,
 )
+from ._group import IterationGroup, Outcomes
 from ._keys import check_run_id
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
@@ -149,6 +150,19 @@ _UPSERT_STEP_SQL = (
 )
 
 
+class _Commit(NamedTuple):
+    """One commit, encoded, waiting for its transaction."""
+
+    run_id: str
+    token: int
+    status: str
+    progress: str
+    budget_total_ms: float | None
+    trace: str | None
+    release: bool
+    step: tuple[str, str] | None  # step id, record JSON
+
+
 class SQLiteStore(CheckpointStore):
     """Checkpoint store in one SQLite file; ``path=None`` keeps it in memory (tests).
 
@@ -182,6 +196,7 @@ class SQLiteStore(CheckpointStore):
         self._conn: sqlite3.Connection | None = None
         self._checkpointer: _Checkpointer | None = None
         self._last_purge = 0.0
+        self._commits: IterationGroup[_Commit] = IterationGroup(self._write_commits)
         if self.read_only and self.path is not None:
             self._conn = connect_read_only(
                 self.path,
@@ -272,40 +287,65 @@ class SQLiteStore(CheckpointStore):
     async def commit(
         self, run_id: str, token: int, progress: RunProgress, step: StepRecord | None = None
     ) -> None:
-        """Write ``step`` (if any) and ``progress`` in one transaction; FencedOut if stale."""
+        """Write ``step`` (if any) and ``progress`` in one transaction; FencedOut if stale.
+
+        Commits of concurrent runs that arrive in the same loop iteration as another share one
+        transaction (group commit, ``_group``); each is still checked and applied on its own.
+        """
         check_run_id(run_id)
         limit = self.max_record_bytes
         progress_data = encode(progress, limit=limit, what=f"progress of run {run_id!r}")
-        step_data = None
+        step_row = None
         if step is not None:
             what = f"step {step.step_id!r} of run {run_id!r}"
-            step_data = encode(step, limit=limit, what=what).decode()
+            step_row = (step.step_id, encode(step, limit=limit, what=what).decode())
         trace = None if progress.trace is None else encode_trace(progress.trace).decode()
-        now = time.time()
-        expires_at = now + self.record_ttl_s if progress.status in FINAL_STATUSES else None
-        release = progress.release_owner
-        with self._transaction() as conn:
-            cursor = conn.execute(
-                _COMMIT_SQL,
-                (
-                    progress.status,
-                    progress_data.decode(),
-                    now,
-                    expires_at,
-                    progress.budget_total_ms,
-                    trace,
-                    release,
-                    release,
-                    release,
-                    run_id,
-                    token,
-                    now,
-                ),
+        await self._commits.submit(
+            _Commit(
+                run_id,
+                token,
+                progress.status,
+                progress_data.decode(),
+                progress.budget_total_ms,
+                trace,
+                progress.release_owner,
+                step_row,
             )
-            if cursor.rowcount == 0:
-                raise self._why_not_written(conn, run_id, token, now)
-            if step is not None:
-                conn.execute(_UPSERT_STEP_SQL, (run_id, step.step_id, step_data))
+        )
+
+    def _write_commits(self, commits: list[_Commit]) -> Outcomes:
+        """Apply ``commits`` in one transaction: each is fenced on its own; one refused commit
+        writes nothing of its own and leaves the others be."""
+        now = time.time()
+        expires_at = now + self.record_ttl_s
+        outcomes: Outcomes = []
+        with self._transaction() as conn:
+            for c in commits:
+                release = c.release
+                cursor = conn.execute(
+                    _COMMIT_SQL,
+                    (
+                        c.status,
+                        c.progress,
+                        now,
+                        expires_at if c.status in FINAL_STATUSES else None,
+                        c.budget_total_ms,
+                        c.trace,
+                        release,
+                        release,
+                        release,
+                        c.run_id,
+                        c.token,
+                        now,
+                    ),
+                )
+                if cursor.rowcount == 0:
+                    outcomes.append(self._why_not_written(conn, c.run_id, c.token, now))
+                    continue
+                if c.step is not None:
+                    conn.execute(_UPSERT_STEP_SQL, (c.run_id, *c.step))
+                outcomes.append(None)
+        return outcomes
 
     async def claim(self, run_id: str, expected_token: int, owner: OwnerLease) -> int:
         """Compare-and-set the fencing token; the new token is ``expected_token + 1``."""
