@@ -173,9 +173,14 @@ class RedisQueue(RunQueue):
     ) -> None:
         import redis.asyncio as aioredis
 
-        self._client = aioredis.Redis.from_url(url, socket_connect_timeout=1.0)
+        from ..store._cluster import split_options
+
+        self._url = split_options(url)[0]  # the store's own options are not redis-py's
+        self._client: Any = aioredis.Redis.from_url(self._url, socket_connect_timeout=1.0)
         # XREADGROUP BLOCK holds its connection: it gets a client of its own.
-        self._blocking = aioredis.Redis.from_url(url, socket_connect_timeout=1.0)
+        self._blocking: Any = aioredis.Redis.from_url(self._url, socket_connect_timeout=1.0)
+        self.cluster: bool | None = None
+        """True on a Redis Cluster (found out on first use, as the store does)."""
         self.consumer = consumer
         self.orphan_idle_s = orphan_idle_s
         self._streams = {p: stream_key(p, prefix) for p in PRIORITIES}
@@ -187,15 +192,43 @@ class RedisQueue(RunQueue):
             return
         from redis import exceptions as rx
 
+        if self.cluster is None:
+            await self._detect()
         for stream in self._streams.values():
             with contextlib.suppress(rx.ResponseError):  # BUSYGROUP: it exists
                 await self._client.xgroup_create(stream, GROUP, id="0", mkstream=True)
         self._ready = True
 
+    async def _detect(self) -> None:
+        """On a Redis Cluster node, switch both clients to cluster clients (ready before use).
+
+        The streams share the ``{queue}`` slot, so every command and ``MULTI`` here is
+        single-slot; the cluster client sends them to that slot's master, wherever it is now.
+        """
+        from ..store._cluster import close_client, cluster_client, is_cluster
+
+        found = await is_cluster(self._client)
+        if self.cluster is not None:
+            return  # another call found out first
+        if not found:
+            self.cluster = False
+            return
+        clients = [cluster_client(self._url, socket_connect_timeout=1.0) for _ in range(2)]
+        for client in clients:
+            await client.initialize()
+        if self.cluster is not None:
+            for client in clients:
+                await close_client(client)
+            return
+        old = (self._client, self._blocking)
+        (self._client, self._blocking), self.cluster = clients, True
+        for client in old:
+            await client.aclose()
+
     async def put(self, entry: Entry, priority: Priority) -> None:
         """``XADD`` to the priority's stream."""
         await self._groups()
-        await self._client.xadd(self._streams[priority], entry.fields())  # type: ignore[arg-type]
+        await self._client.xadd(self._streams[priority], entry.fields())
 
     async def take(self, wait_s: float) -> Delivery | None:
         """Critical first: one non-blocking read per class, then one blocking read on all."""
@@ -235,7 +268,7 @@ class RedisQueue(RunQueue):
         stream = self._streams[delivery.priority]
         async with self._client.pipeline(transaction=True) as pipe:
             if delivery.entry is not None:
-                pipe.xadd(stream, delivery.entry.fields())  # type: ignore[arg-type]
+                pipe.xadd(stream, delivery.entry.fields())
             pipe.xack(stream, GROUP, delivery.entry_id)
             pipe.xdel(stream, delivery.entry_id)
             await pipe.execute()
@@ -286,8 +319,10 @@ class RedisQueue(RunQueue):
 
     async def close(self) -> None:
         """Close both connection pools."""
-        await self._client.aclose()
-        await self._blocking.aclose()
+        from ..store._cluster import close_client
+
+        await close_client(self._client)
+        await close_client(self._blocking)
 
     def _deliveries(self, reply: Any) -> list[Delivery]:
         by_stream = {v: k for k, v in self._streams.items()}
