@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from chainrt.dispatch._choice import Candidate, choose, weight
@@ -15,6 +17,7 @@ from chainrt.dispatch._latency import (
     work_units,
 )
 from chainrt.dispatch._policy import (
+    ContextFit,
     Failure,
     MoveOn,
     NextCandidate,
@@ -22,6 +25,7 @@ from chainrt.dispatch._policy import (
     attempt_end,
     decide_retry,
     fallback_need,
+    fit_context,
     reserve_for,
 )
 
@@ -354,3 +358,68 @@ def test_p90_is_the_nearest_rank() -> None:
         tracker.record("m", seconds, now=float(i))
     assert tracker.p90("m", now=10.0) == pytest.approx(0.9)
     assert tracker.p50("m", now=10.0) == pytest.approx(0.55)
+
+
+# ------------------------------------------------------------------ context window
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "window", "shrink", "expected"),
+    [
+        (100, 200, None, False, ContextFit(200)),  # unknown window: it fits
+        (100, 200, 300, False, ContextFit(200)),  # exactly full
+        (
+            100,
+            201,
+            300,
+            False,
+            ContextFit(
+                None, "~100 prompt + 201 max_tokens do not fit its 300-token context window"
+            ),
+        ),
+        (
+            100,
+            500,
+            300,
+            True,
+            ContextFit(
+                200,
+                "~100 prompt + 500 max_tokens exceed its 300-token context window; max_tokens shrunk to 200",
+            ),
+        ),
+        # Too little room left for an answer worth having: skipped even with shrink.
+        (
+            290,
+            64,
+            300,
+            True,
+            ContextFit(None, "~290 prompt + 64 max_tokens do not fit its 300-token context window"),
+        ),
+    ],
+)
+def test_fit_context(
+    prompt: int, max_tokens: int, window: int | None, shrink: bool, expected: ContextFit
+) -> None:
+    assert fit_context(prompt, max_tokens, window, shrink=shrink) == expected
+
+
+async def test_a_fallback_whose_context_cannot_hold_the_request_is_skipped() -> None:
+    from chainrt.dispatch import LlmCall, make_dispatcher
+
+    dispatcher = make_dispatcher(None)  # only the in-process model: a 2048-token context
+    call = LlmCall(
+        model="local",
+        messages=[("user", "word " * 2500)],  # ~3,100 tokens
+        max_tokens=64,
+        static_answer="sorry",
+    )
+    try:
+        answer = await dispatcher.complete(call, time.time() + 5)
+    finally:
+        await dispatcher.close()
+    assert answer.model == "static"  # no time spent on a request the model cannot take
+    skipped = answer.attempts[0]
+    assert (skipped.model, skipped.status) == ("local", "skipped")
+    assert skipped.detail == (
+        "~3129 prompt + 64 max_tokens do not fit its 2048-token context window"
+    )

@@ -10,7 +10,7 @@ from chainrt import SpecError
 from chainrt.dispatch import HttpBackend, LocalBackend, make_dispatcher
 from chainrt.dispatch._breaker import DEFAULT_POLICIES, BreakerPolicy
 from chainrt.dispatch._client import base_url
-from chainrt.dispatch._pool import load_pool_config, parse_pool_config
+from chainrt.dispatch._pool import load_pool_config, parse_pool_config, pool_backends
 
 FULL = """\
 models:
@@ -222,3 +222,17 @@ def test_dispatch_public_names_are_pinned() -> None:
     ]
     for name in chainrt.dispatch.__all__:
         assert getattr(chainrt.dispatch, name) is not None
+
+
+def test_context_window_reaches_the_backend() -> None:
+    config = parse_pool_config(
+        "models:\n  big:\n    context_window: 8192\n    endpoints: [{url: 'http://h:1'}]\n"
+        "  plain:\n    endpoints: [{url: 'http://h:2'}]\n"
+    )
+    backends = pool_backends(config)
+    assert backends["big"].context_window() == 8192
+    assert backends["plain"].context_window() is None
+    with pytest.raises(SpecError, match="context_window"):
+        parse_pool_config(
+            "models:\n  m:\n    context_window: 0\n    endpoints: [{url: 'http://h:1'}]\n"
+        )

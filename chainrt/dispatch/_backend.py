@@ -74,6 +74,10 @@ class ModelBackend(abc.ABC):
         """Pay one-time costs (loading a model) before a run's budget clock starts."""
         return None
 
+    def context_window(self) -> int | None:
+        """Tokens the model's context holds (prompt + answer); None when unknown."""
+        return None
+
     def baseline(self) -> tuple[Sample, ...]:
         """Answers measured when the model was loaded (by :meth:`prepare`); empty when none.
 
@@ -122,6 +126,11 @@ class LocalBackend(ModelBackend):
         from workers.engines import get_local_engine
 
         return _calibrations.get(id(get_local_engine()), ())
+
+    def context_window(self) -> int | None:
+        from workers.engines import get_local_engine
+
+        return int(get_local_engine().context_tokens)
 
     async def complete(
         self,

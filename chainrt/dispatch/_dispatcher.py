@@ -29,6 +29,7 @@ from ._backend import BackendAnswer, ModelBackend
 from ._latency import LatencyTracker, estimate_prompt_tokens, too_slow
 from ._policy import (
     MIN_ATTEMPT_S,
+    ContextFit,
     Failure,
     MoveOn,
     NextCandidate,
@@ -36,6 +37,7 @@ from ._policy import (
     attempt_end,
     decide_retry,
     fallback_need,
+    fit_context,
     reserve_for,
 )
 from ._types import LlmAnswer, LlmCall
@@ -88,9 +90,18 @@ class Dispatcher:
             if not backend.available():
                 _skip(call, attempts, model, backend.why_unavailable())
                 continue
+            fit = fit_context(
+                estimate_prompt_tokens(call.messages),
+                call.max_tokens,
+                backend.context_window(),
+                shrink=call.shrink_on_memory_pressure,
+            )
+            if fit.max_tokens is None:
+                _skip(call, attempts, model, fit.why or "request does not fit")
+                continue
             tried = True
             answer = await _ModelTry(
-                self, call, model, backend, order[index + 1 :], deadline, attempts
+                self, call, model, backend, order[index + 1 :], deadline, attempts, fit
             ).run()
             if answer is not None:
                 return answer
@@ -205,6 +216,7 @@ class _ModelTry:
         rest: list[str],
         deadline: float,
         attempts: list[AttemptRecord],
+        fit: ContextFit,
     ) -> None:
         self.d = dispatcher
         self.call = call
@@ -213,7 +225,9 @@ class _ModelTry:
         self.rest = rest
         self.deadline = deadline
         self.attempts = attempts
-        self.max_tokens = call.max_tokens
+        self.max_tokens = fit.max_tokens or call.max_tokens
+        self.note = fit.why
+        """Said once, in the first attempt's detail (max_tokens shrunk to fit the context)."""
         self.tries_used = 0
         self.next_counts = True
         self.backoff_s = call.backoff_ms / 1000
@@ -338,6 +352,9 @@ class _ModelTry:
     ) -> None:
         """Add an entry to the attempt log; ``final``: tell ``on_attempt`` now (a failure is
         told once the retry decision has been added to its detail, in :meth:`_wait`)."""
+        if self.note is not None:
+            detail = f"{self.note}; {detail}" if detail else self.note
+            self.note = None
         record = AttemptRecord(
             attempt=len(self.attempts) + 1,
             model=self.model,

@@ -107,6 +107,7 @@ class HttpBackend(ModelBackend):
         *,
         resources: PoolResources,
         rng: Callable[[], float] = random.random,
+        context_window: int | None = None,
     ) -> None:
         self.model = model
         self.served_model = served_model
@@ -114,6 +115,11 @@ class HttpBackend(ModelBackend):
         self.resources = resources
         self._rng = rng
         self._bases = {url: resources.register(url) for url, _ in self.endpoints}
+        self._context_window = context_window
+
+    def context_window(self) -> int | None:
+        """The pool file's ``context_window`` for this model (None: not given)."""
+        return self._context_window
 
     def available(self) -> bool:
         return self.usable_elsewhere(frozenset())

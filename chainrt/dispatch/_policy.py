@@ -35,6 +35,7 @@ __all__ = [
     "RESERVE_FACTOR",
     "STUCK_FACTOR",
     "UNKNOWN_RESERVE_SHARE",
+    "ContextFit",
     "Failure",
     "MoveOn",
     "NextCandidate",
@@ -42,6 +43,7 @@ __all__ = [
     "attempt_end",
     "decide_retry",
     "fallback_need",
+    "fit_context",
     "reserve_for",
 ]
 
@@ -253,3 +255,35 @@ def decide_retry(
         )
     where = "on another endpoint" if failure.elsewhere else f"in {wait * 1000:.0f}ms"
     return Retry(wait, max_tokens, True, f"retrying {where}")
+
+
+MIN_SHRUNK_TOKENS = 16
+"""``shrink`` never cuts an answer below this many tokens: shorter is not worth asking for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextFit:
+    """Whether a request fits a model's context window: ``max_tokens`` to ask for (None: skip
+    the model), and ``why`` for the attempt log (None: it fits as it is)."""
+
+    max_tokens: int | None
+    why: str | None = None
+
+
+def fit_context(
+    prompt_tokens: int, max_tokens: int, window: int | None, *, shrink: bool
+) -> ContextFit:
+    """Fit a request of ``prompt_tokens`` (an estimate) + ``max_tokens`` into ``window`` tokens.
+
+    Unknown window: it fits. Too big: with ``shrink`` the answer is cut to what the window
+    leaves (at least :data:`MIN_SHRUNK_TOKENS`), otherwise the model is skipped.
+    """
+    if window is None or prompt_tokens + max_tokens <= window:
+        return ContextFit(max_tokens)
+    size = f"~{prompt_tokens} prompt + {max_tokens} max_tokens"
+    room = window - prompt_tokens
+    if shrink and room >= MIN_SHRUNK_TOKENS:
+        return ContextFit(
+            room, f"{size} exceed its {window}-token context window; max_tokens shrunk to {room}"
+        )
+    return ContextFit(None, f"{size} do not fit its {window}-token context window")

@@ -12,6 +12,9 @@
     connect_timeout: 1s                             # optional
     latency_window: 20                              # optional: answers kept per model for p50
 
+A model may give ``context_window: 8192`` (tokens, prompt + answer): a request that cannot fit
+skips it (or has its ``max_tokens`` cut, for a step with ``on_memory_pressure: shrink``).
+
 The file is read like a chain file (same safe YAML loader); every problem is one
 :class:`~chainrt.SpecError` naming ``file:line: field``. ``local`` stays the in-process model
 unless the file maps ``local`` to endpoints of its own.
@@ -90,6 +93,13 @@ class ModelConfig(_Strict):
         default=None, min_length=1, description="Model name sent to the servers (default: key)."
     )
     endpoints: list[EndpointConfig] = Field(min_length=1, max_length=1000)
+    context_window: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="Tokens the model's context holds (prompt + answer); a request that cannot "
+        "fit skips this model, or has its max_tokens cut with on_memory_pressure: shrink.",
+    )
 
     @field_validator("endpoints")
     @classmethod
@@ -243,6 +253,7 @@ def pool_backends(config: PoolConfig) -> dict[str, ModelBackend]:
             model.served_model or name,
             [(e.url, e.capacity) for e in model.endpoints],
             resources=resources,
+            context_window=model.context_window,
         )
         for name, model in config.models.items()
     }

@@ -272,6 +272,10 @@ class TracedBackend(ModelBackend):
         """Passed through."""
         return self.inner.baseline()
 
+    def context_window(self) -> int | None:
+        """Passed through."""
+        return self.inner.context_window()
+
     async def close(self) -> None:
         """Passed through."""
         await self.inner.close()
