@@ -106,6 +106,35 @@ def test_json_response_format_uses_structured_output(worker: WorkerProcess) -> N
     assert json.loads(answer.choices[0].message.content or "") == {"name": "Alice", "age": 30}
 
 
+def test_json_schema_and_tool_calls_use_structured_output(worker: WorkerProcess) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "maximum": 150}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    answer = worker.openai().chat.completions.create(
+        model=MODEL, max_tokens=96, temperature=0,
+        messages=[{"role": "user", "content": "Alice is 30 years old. Describe her."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+    )  # fmt: skip
+    value = json.loads(answer.choices[0].message.content or "")
+    assert set(value) == {"name", "age"}
+    assert isinstance(value["age"], int)
+    assert value["age"] <= 150
+    called = worker.openai().chat.completions.create(
+        model=MODEL, max_tokens=96, temperature=0,
+        messages=[{"role": "user", "content": "How old is Alice?"}],
+        tools=[{"type": "function", "function": {"name": "person_age", "parameters": {
+            "type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
+            "required": ["name"]}}}],
+        tool_choice="required",
+    )  # fmt: skip
+    calls = called.choices[0].message.tool_calls or []
+    assert called.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in calls if c.type == "function"] == ["person_age"]
+
+
 def test_deadline_header_aborts_generation(worker: WorkerProcess) -> None:
     # The deadline must leave room for a few tokens on this machine as it is now (a slow or
     # loaded one produced none in 0.8 s): three times what a 4-token answer takes, measured
