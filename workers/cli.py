@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve POST /admin/faults (tests and drills only; never in production)",
     )
+    serve.add_argument(
+        "--admin-token",
+        metavar="TOKEN",
+        help="serve POST /admin/reload for callers sending this bearer token "
+        "(default: $CHAINRT_ADMIN_TOKEN; neither: no admin routes)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
     doctor = commands.add_parser(
@@ -145,6 +151,7 @@ async def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             enable_fault_injection=args.enable_fault_injection,
             health_interval_s=args.health_interval,
+            admin_token=args.admin_token or os.environ.get("CHAINRT_ADMIN_TOKEN") or None,
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
@@ -156,7 +163,19 @@ async def _serve(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
     )
     await engine.start()  # here, so a model that cannot load is one clear line, not a traceback
-    app = create_app(engine, config, observer=_tracing_observer(engine.name))
+
+    def reload_engine(model: str | None, name: str | None) -> Engine:
+        return make_engine(
+            args.engine, model, served_model_name=name, max_model_len=args.max_model_len
+        )
+
+    app = create_app(
+        engine,
+        config,
+        observer=_tracing_observer(engine.name),
+        engine_factory=reload_engine,
+        model=args.model,
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,

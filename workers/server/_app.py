@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from ._http import HttpError, json_response, read_body
 from ._metrics import WorkerMetrics
 from ._openai import error_body
 from ._recovery import RecoveryManager
+from ._reload import EngineFactory, ReloadError, ReloadManager, ReloadRequest, ServingEngines
 
 __all__ = ["create_app"]
 
@@ -38,11 +40,16 @@ def create_app(
     config: WorkerConfig | None = None,
     *,
     observer: RequestObserver | None = None,
+    engine_factory: EngineFactory | None = None,
+    model: str | None = None,
 ) -> Starlette:
     """An OpenAI-compatible app serving ``engine``.
 
     Start-up loads the engine and runs the first readiness generation (a worker whose engine
     cannot load does not start). ``observer`` is the tracing seam (see ``_context``).
+    ``engine_factory`` builds the engine a hot reload loads (default: another engine of the same
+    kind, made like ``chainrt-worker serve`` makes it); ``model`` is what ``engine`` was loaded
+    from (a reload without a model loads it again).
     """
     config = config or WorkerConfig()
     names = list(config.served_model_names or [engine.model_name])
@@ -50,9 +57,18 @@ def create_app(
     metrics.memory_watermark.set(config.watermark)
     health = HealthMonitor(engine, metrics, timeout_s=config.probe_timeout_s)
     recovery = RecoveryManager(engine, health, metrics)
+    engines = ServingEngines(engine, names, model)
+    reloads = ReloadManager(
+        engines,
+        engine_factory or _same_kind(engine),
+        health=health,
+        recovery=recovery,
+        metrics=metrics,
+        probe_timeout_s=config.probe_timeout_s,
+    )
     faults = FaultInjector(engine.faults) if config.enable_fault_injection else None
     handler = GenerationHandler(
-        engine,
+        engines,
         config,
         queue=AdmissionQueue(config.slots, config.max_waiting),
         health=health,
@@ -79,12 +95,13 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await periodic
             await recovery.close()
-            await engine.close()
+            await reloads.close()
+            await engines.current.engine.close()
 
     async def models(request: Request) -> Response:
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": "chainrt"}
-            for name in names
+            for name in engines.names
         ]
         return json_response({"object": "list", "data": data})
 
@@ -108,14 +125,30 @@ def create_app(
         except HttpError as err:
             return err.response()
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-                for e in exc.errors(include_input=False, include_url=False)
-            )
-            return json_response(error_body("invalid_request_error", problems), 400)
+            return json_response(error_body("invalid_request_error", _problems(exc)), 400)
         state = faults.apply(change)
         log.warning("fault injection changed: %s", state)
         return json_response(state)
+
+    async def admin_reload(request: Request) -> Response:
+        assert config.admin_token is not None
+        if not _authorized(request, config.admin_token.get_secret_value()):
+            return json_response(
+                error_body("unauthorized", "POST /admin/reload needs the worker's admin token"),
+                401,
+                {"WWW-Authenticate": "Bearer"},
+            )
+        try:
+            body = await read_body(request, 64 * 1024)
+            change = ReloadRequest.model_validate_json(body or b"{}")
+            return json_response(await reloads.reload(change))
+        except HttpError as err:
+            return err.response()
+        except ValidationError as exc:
+            return json_response(error_body("invalid_request_error", _problems(exc)), 400)
+        except ReloadError as exc:
+            log.warning("reload refused: %s", exc.message)
+            return json_response(error_body(exc.kind, exc.message), exc.status)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -133,10 +166,40 @@ def create_app(
     ]
     if faults is not None:  # without the flag the route does not exist: 404
         routes.append(Route("/admin/faults", admin_faults, methods=["GET", "POST"]))
+    if config.admin_token is not None:  # without a token the route does not exist: 404
+        routes.append(Route("/admin/reload", admin_reload, methods=["POST"]))
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
     )
     app.state.handler = handler
     app.state.health = health
     app.state.metrics = metrics
+    app.state.engines = engines
     return app
+
+
+def _problems(exc: ValidationError) -> str:
+    """A pydantic error as one line: ``field: message; ...``."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+        for e in exc.errors(include_input=False, include_url=False)
+    )
+
+
+def _authorized(request: Request, token: str) -> bool:
+    """True when ``Authorization: Bearer <token>`` matches (constant-time comparison)."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8"))
+
+
+def _same_kind(engine: Engine) -> EngineFactory:
+    """Reload factory: a new engine of ``engine``'s kind (what ``chainrt-worker serve`` makes)."""
+
+    def build(model: str | None, name: str | None) -> Engine:
+        from workers.cli import make_engine
+
+        return make_engine(engine.name, model, served_model_name=name)
+
+    return build

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 __all__ = ["WorkerConfig"]
 
@@ -28,6 +28,8 @@ class WorkerConfig(BaseModel):
     """``max_tokens`` of a chat request that names none (capped by what fits in the context)."""
     enable_fault_injection: bool = False
     """Serve ``POST /admin/faults`` (tests and drills only; 404 otherwise)."""
+    admin_token: SecretStr | None = None
+    """Bearer token of ``POST /admin/reload``; None: the admin routes do not exist (404)."""
     health_interval_s: float = Field(default=15.0, gt=0)
     """Seconds between two readiness generations."""
     probe_timeout_s: float = Field(default=30.0, gt=0)
@@ -39,4 +41,6 @@ class WorkerConfig(BaseModel):
     def _check(self) -> WorkerConfig:
         if any(not name for name in self.served_model_names):
             raise ValueError("served model names must not be empty strings")
+        if self.admin_token is not None and len(self.admin_token.get_secret_value()) < 16:
+            raise ValueError("the admin token must be at least 16 characters")
         return self

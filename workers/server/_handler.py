@@ -61,6 +61,7 @@ from ._openai import (
     parse_body,
 )
 from ._recovery import RecoveryManager
+from ._reload import EngineLease, ServingEngines
 from ._streaming import stream_answer
 
 __all__ = ["Endpoint", "GenerationHandler"]
@@ -78,7 +79,7 @@ class GenerationHandler:
 
     def __init__(
         self,
-        engine: Engine,
+        engines: ServingEngines,
         config: WorkerConfig,
         *,
         queue: AdmissionQueue,
@@ -88,9 +89,8 @@ class GenerationHandler:
         faults: FaultInjector | None,
         observer: RequestObserver,
     ) -> None:
-        self.engine = engine
+        self.engines = engines
         self.config = config
-        self.names = list(config.served_model_names or [engine.model_name])
         self.queue = queue
         self.health = health
         self.recovery = recovery
@@ -99,6 +99,16 @@ class GenerationHandler:
         self.observer = observer
         self.drain_tokens_per_s = 50.0
         """Recent generation speed (moving average), for the 429 retry estimate."""
+
+    @property
+    def engine(self) -> Engine:
+        """The engine new requests go to (a hot reload may swap it)."""
+        return self.engines.current.engine
+
+    @property
+    def names(self) -> list[str]:
+        """Every model name this worker answers to."""
+        return self.engines.names
 
     async def chat(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
@@ -181,26 +191,33 @@ class GenerationHandler:
         await self._wait_ready(deadline)
         slot: Slot | None = await self._acquire(request, priority, deadline)
         assert slot is not None
+        lease: EngineLease | None = self.engines.lease()  # this request's engine, reload or not
+        assert lease is not None
         try:
             self._admit(slot, prompt_tokens, gen.max_tokens, ctx)
             if self.faults is not None:
                 await self._inject_faults(deadline)
+            model = ctx.attributes["model"] = lease.served.answer_name(parsed.model)
             if parsed.stream:
                 response = await stream_answer(
-                    self, request, endpoint, parsed, gen, ctx, slot, started
+                    self, request, endpoint, parsed, gen, ctx, slot, lease, started
                 )
-                slot = None  # the stream owns the slot now and releases it when it ends
+                slot = lease = None  # the stream owns both now and releases them when it ends
                 return response
             result = await run_until_disconnect(
-                request, self.call_engine(self.engine.generate(gen))
+                request, self.call_engine(lease.engine.generate(gen))
             )
             self.record(result, ctx, time.perf_counter() - started)
             if isinstance(parsed, CompletionRequest):
-                return json_response(completion_response(ctx.request_id, parsed.model, result))
-            return json_response(chat_answer(ctx.request_id, parsed, result))
+                return json_response(completion_response(ctx.request_id, model, result))
+            answer = chat_answer(ctx.request_id, parsed, result)
+            answer["model"] = model  # the model that answered (a hot reload may have renamed it)
+            return json_response(answer)
         finally:
             if slot is not None:
                 slot.release()
+            if lease is not None:
+                lease.release()
 
     def _generation_request(
         self,

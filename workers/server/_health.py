@@ -23,7 +23,7 @@ from workers.engines import ChatMessage, Engine, GenerationRequest
 
 from ._metrics import WorkerMetrics
 
-__all__ = ["HealthMonitor", "ProbeResult"]
+__all__ = ["HealthMonitor", "ProbeResult", "probe_engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,42 @@ class ProbeResult:
     at: float
     """Unix time it finished."""
     error: str | None = None
+    failure: str | None = None
+    """``oom``, ``engine_dead`` or ``error`` when the engine raised (None otherwise)."""
+
+
+async def probe_engine(engine: Engine, timeout_s: float) -> ProbeResult:
+    """One readiness generation on ``engine`` ("Say OK", 2 tokens, temperature 0, in time)."""
+    request = GenerationRequest(
+        messages=[ChatMessage("user", "Say OK")],
+        max_tokens=2,
+        temperature=0.0,
+        seed=0,
+        priority=0,
+        request_id="readiness-probe",
+        deadline=time.time() + timeout_s,
+    )
+    started = time.perf_counter()
+    error: str | None = None
+    failure: str | None = None
+    text = ""
+    try:
+        # The engine honours the deadline; wait_for guards an engine that does not.
+        result = await asyncio.wait_for(engine.generate(request), timeout_s + 1)
+        text = result.text
+        if result.completion_tokens < 1:
+            error = f"no token within {timeout_s}s ({result.finish_reason})"
+    except Exception as exc:  # any failure of the engine is a failed probe
+        error = f"{type(exc).__name__}: {exc}"
+        failure = (
+            "oom"
+            if isinstance(exc, EngineOOM)
+            else "engine_dead"
+            if isinstance(exc, EngineDead)
+            else "error"
+        )
+    seconds = time.perf_counter() - started
+    return ProbeResult(error is None, text, seconds, time.time(), error, failure)
 
 
 class HealthMonitor:
@@ -80,46 +116,41 @@ class HealthMonitor:
             return False
         return True
 
+    @property
+    def engine(self) -> Engine:
+        """The engine the probe exercises."""
+        return self._engine
+
+    def use_engine(self, engine: Engine, first: ProbeResult) -> None:
+        """A hot reload swapped engines: probe ``engine`` from now on.
+
+        ``first`` is the new engine's passing probe (run before the swap); it becomes the last
+        probe and the new baseline, and readiness is not touched (it never drops in a reload).
+        """
+        self._engine = engine
+        self.last = first
+        self.baseline = first.text
+        self.probes += 1
+        self.note_success()
+
     async def probe(self) -> ProbeResult:
         """Run the readiness generation; set ready or not-ready from its outcome."""
-        request = GenerationRequest(
-            messages=[ChatMessage("user", "Say OK")],
-            max_tokens=2,
-            temperature=0.0,
-            seed=0,
-            priority=0,
-            request_id="readiness-probe",
-            deadline=time.time() + self._timeout_s,
-        )
-        started = time.perf_counter()
-        error: str | None = None
-        text = ""
-        try:
-            # The engine honours the deadline; wait_for guards an engine that does not.
-            result = await asyncio.wait_for(self._engine.generate(request), self._timeout_s + 1)
-            text = result.text
-            if result.completion_tokens < 1:
-                error = f"no token within {self._timeout_s}s ({result.finish_reason})"
-        except Exception as exc:  # any failure of the engine is a failed probe
-            error = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, EngineOOM):
-                self._metrics.oom_events.inc()
-            elif isinstance(exc, EngineDead):
-                self._metrics.engine_dead_events.inc()
+        outcome = await probe_engine(self._engine, self._timeout_s)
+        if outcome.failure == "oom":
+            self._metrics.oom_events.inc()
+        elif outcome.failure == "engine_dead":
+            self._metrics.engine_dead_events.inc()
         self.probes += 1
-        outcome = ProbeResult(
-            error is None, text, time.perf_counter() - started, time.time(), error
-        )
         self.last = outcome
         if outcome.ok:
             self.note_success()
             if self.baseline is None:
-                self.baseline = text
+                self.baseline = outcome.text
             self.reason = None
             self._ready.set()
             self._metrics.ready.set(1)
         else:
-            self.mark_not_ready(f"readiness generation failed: {error}")
+            self.mark_not_ready(f"readiness generation failed: {outcome.error}")
         return outcome
 
     async def run_periodically(

@@ -41,6 +41,15 @@ class WorkerMetrics:
             "Seconds from an engine failure to ready again (recover + readiness generation).",
             buckets=_RECOVERY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.reloads = Counter(
+            "chainrt_worker_reloads", "Hot reloads (POST /admin/reload), by outcome.",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.reload_seconds = Histogram(
+            "chainrt_worker_reload_seconds",
+            "Seconds from a reload request to the new engine serving (load + readiness).",
+            buckets=_RECOVERY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.latency = Histogram(
             "chainrt_worker_request_seconds", "Latency of generation requests (whole answer).",
             ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r,

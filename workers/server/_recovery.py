@@ -45,6 +45,10 @@ class RecoveryManager:
         """True while a recovery runs."""
         return self._task is not None and not self._task.done()
 
+    def use_engine(self, engine: Engine) -> None:
+        """A hot reload swapped engines: recover ``engine`` from now on."""
+        self._engine = engine
+
     def retry_after_s(self) -> int:
         """What to put in ``Retry-After`` while recovering (whole seconds, at least 1)."""
         return max(1, math.ceil(self.last_seconds or 1.0))

@@ -26,6 +26,7 @@ from ._openai import (
     completion_chunk,
     error_body,
 )
+from ._reload import EngineLease
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -43,20 +44,24 @@ async def stream_answer(
     gen: GenerationRequest,
     ctx: RequestContext,
     slot: Slot,
+    lease: EngineLease,
     started: float,
 ) -> SSEResponse:
-    """Start the generation and return the SSE response that carries it (and owns ``slot``).
+    """Start the generation and return the SSE response that carries it.
+
+    The response owns ``slot`` and ``lease`` (the engine this request runs on) and releases both
+    when the stream ends, however it ends.
 
     ``started`` is when the request arrived (``time.perf_counter()``).
     """
-    pieces = handler.engine.stream(gen)
+    pieces = lease.engine.stream(gen)
     try:
         first = await run_until_disconnect(request, handler.call_engine(anext(pieces)))
     except BaseException:
         await aclose(pieces)
         raise
     chat = endpoint == "chat"
-    rid, model = ctx.request_id, parsed.model
+    rid, model = ctx.request_id, lease.served.answer_name(parsed.model)
 
     def piece(text: str) -> bytes:
         if chat:
@@ -122,6 +127,7 @@ async def stream_answer(
     async def cleanup(disconnected: bool) -> None:
         await aclose(pieces)  # stops the engine at its next token if it is still generating
         slot.release()
+        lease.release()
         ctx.status = 499 if disconnected else 200
         if disconnected:
             ctx.attributes["error"] = "client_disconnected"
