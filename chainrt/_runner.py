@@ -211,13 +211,12 @@ class Runner:
         With ``wait`` the call waits for a live owner's lease to expire; without, it refuses.
         A ``queued`` run (submitted to ``chainrt serve``) starts here for the first time.
         A record this runner does not trust (:class:`RecordTrust`) is refused before anything
-        is claimed or run (UntrustedRecord).
+        is claimed or run (UntrustedRecord); a completed run is returned as it is, running
+        nothing.
         """
         record = await self.store.get_run(run_id)
-        spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
-        source_dir = self.trust.check(record, spec)
         first_start = record.status == "queued"
-        done = await self._final(record)
+        done = await self._final(record)  # nothing runs: no code is resolved for it
         if done is not None:
             return done
         record = await wait_for_owner(
@@ -226,6 +225,9 @@ class Runner:
         done = await self._final(record)  # its owner may have finished it while we waited
         if done is not None:
             return done
+        # Checked on the record that will run (re-read while waiting), before the claim.
+        spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
+        source_dir = self.trust.check(record, spec)
         if budget_ms is not None and budget_ms <= 0:
             raise BudgetError(f"budget must be greater than zero, got {budget_ms:g}ms")
         total = record.budget_total_ms if budget_ms is None else record.budget_used_ms + budget_ms

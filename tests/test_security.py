@@ -249,6 +249,10 @@ def test_a_chain_folder_outside_the_roots_needs_chains_to_resume(
     )
     assert allowed.returncode == 0, allowed.stderr
     assert json.loads(allowed.stdout)["status"] == "completed"
+    # Completed, it is returned as it is, without --chains: nothing of it runs any more.
+    again = chainrt_cli("resume", "far-1", "--json", cwd=home, store=store_url)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["output"] == "hi"
 
 
 KEY = {"CHAINRT_RECORD_KEY": "a secret only the runners know"}
