@@ -143,3 +143,51 @@ def test_sigterm_drains_and_another_runner_finishes_the_run(redis_url: str, call
     # The next step started on the other runner within the drain (1 s) plus about a second;
     # 4 s more leaves room for a loaded 2-core machine.
     assert float(str(handed[0]["t"])) - stopped_at < 1.0 + 2.0 + 4.0
+
+
+def test_events_of_a_run_on_one_runner_stream_from_another(redis_url: str, call_log: Path) -> None:
+    with runner(redis_url, call_log, max_runs=2) as a:
+        body = {"chain": "ten", "input": {"seconds": 0.6}, "run_id": "watched"}
+        assert a.post("/v1/runs", json=body).status_code == 202
+        while not calls(call_log):  # a owns the run before b exists
+            time.sleep(0.02)
+        with runner(redis_url, call_log, max_runs=2) as b:
+            events = []
+            with httpx.stream("GET", f"{b.url}/v1/runs/watched/events", timeout=60) as stream:
+                connected = time.time()
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+    assert {c["pid"] for c in calls(call_log)} == {a.pid}
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "run_started"
+    assert kinds[-1] == "run_finished"
+    assert events[-1]["output"] == 45
+    finished = [e for e in events if e["type"] == "step_finished"]
+    assert [e["step_id"] for e in finished] == [f"s{i}" for i in range(10)]
+    # Steps that ended after b's client connected came live, over pub/sub from a.
+    assert any(e["ts"] > connected for e in finished)
+
+
+def test_resume_through_the_api_gives_a_partial_run_more_budget(
+    redis_url: str, call_log: Path
+) -> None:
+    with runner(redis_url, call_log, max_runs=2) as r:
+        body = {"chain": "ten", "input": {"seconds": 0.05}, "run_id": "short", "budget": "120ms"}
+        assert r.post("/v1/runs", json=body).status_code == 202
+        first = wait_final(r, "short")
+        assert first["status"] == "partial"
+        steps: list[dict[str, str]] = first["steps"]  # type: ignore[assignment]
+        done_before = [s["id"] for s in steps if s["status"] == "completed"]
+        answer = r.post("/v1/runs/short/resume", json={"budget": "30s"})
+        assert answer.status_code == 202
+        deadline = time.monotonic() + 60
+        while (got := r.get("/v1/runs/short").json())["status"] != "completed":
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        assert got["output"] == 45
+        assert (
+            r.post("/v1/runs/short/resume", json={}).status_code == 409
+        )  # completed: nothing left
+    per_step = Counter(str(c["step"]) for c in calls(call_log) if c["run"] == "short")
+    assert all(per_step[s] == 1 for s in done_before)  # recorded steps were not run again
