@@ -70,9 +70,14 @@ asyncio.run(main())
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the cluster comparison (used with ``--store redis-cluster``)."""
     parser.add_argument("--processes", type=int, default=4, help="runner processes (part 3)")
-    parser.add_argument("--concurrency", type=int, default=8, help="runs at once per process")
+    # --concurrency is overhead.py's own (a list); part 3 runs its last value per process, or 8.
     parser.add_argument("--seconds", type=float, default=5.0, help="length of part 3")
     parser.add_argument("--rounds", type=int, default=3, help="best-of rounds of part 2")
+
+
+def _per_process(args: argparse.Namespace) -> int:
+    """Runs at once in each runner process of part 3 (``--concurrency``'s last value, or 8)."""
+    return int(args.concurrency[-1]) if args.concurrency else 8
 
 
 def run(args: argparse.Namespace, bench: Bench) -> None:
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
             print(f"{label:<20} {rate:>10,.0f} pairs/s")
         print(
             f"\n== total durable steps/s: {args.processes} runner processes x "
-            f"{args.concurrency} runs at once, {args.steps}-step runs, {args.seconds:g} s"
+            f"{_per_process(args)} runs at once, {args.steps}-step runs, {args.seconds:g} s"
         )
         for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
             rate, masters = _load(url, args), ""
@@ -120,7 +125,7 @@ def _load(url: str, args: argparse.Namespace) -> float:
     """Durable steps/s summed over the runner processes, over the window they all ran."""
     source = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).parent), source])}
-    cmd = [sys.executable, "-c", _LOAD, url, str(args.steps), str(args.concurrency)]
+    cmd = [sys.executable, "-c", _LOAD, url, str(args.steps), str(_per_process(args))]
     cmd += [str(args.seconds), source]
     procs = [
         subprocess.Popen(cmd, text=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

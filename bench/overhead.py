@@ -204,7 +204,8 @@ def main() -> None:
     parser.add_argument(
         "--concurrency",
         type=_levels,
-        help="runs at once in one process, e.g. 1,8,64 (steps/s and per-step p50/p99 for each)",
+        help="runs at once in one process, e.g. 1,8,64 (steps/s and per-step p50/p99 for each); "
+        "with --store redis-cluster, runs at once per runner process (its last value, default 8)",
     )
     add_persistence_flag(parser)
     from _cluster import add_cluster_flags
