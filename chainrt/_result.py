@@ -26,6 +26,12 @@ class StepSummary(BaseModel):
         default=None, description="The model that answered when it was not the step's primary."
     )
     error: str | None = None
+    confidence_score: float | None = Field(
+        default=None, description="The answer's confidence in [0, 1] (llm steps)."
+    )
+    verification_status: str | None = Field(
+        default=None, description="match | mismatch | unverified (llm steps with `verify:`)."
+    )
 
 
 class BudgetSummary(BaseModel):
@@ -114,6 +120,8 @@ class RunResult(BaseModel):
                 model=rec.model,
                 fallback=rec.fallback,
                 error=rec.error,
+                confidence_score=rec.confidence_score,
+                verification_status=rec.verification_status,
             )
             for step_id in order
             if isinstance(step_id, str) and (rec := steps.get(step_id)) is not None

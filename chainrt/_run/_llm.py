@@ -16,9 +16,10 @@ from typing import Any
 
 from .._errors import ChainRTError
 from .._progress import NO_PROGRESS, STEP_PROGRESS
-from ..dispatch import Dispatcher, DispatchFailed, LlmCall
+from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall
 from ..spec import ChainSpec, StepSpec, render_value
 from ._step import StepOutcome
+from ._verify import verify_outcome
 
 __all__ = ["LlmExecutor", "llm_call", "run_llm"]
 
@@ -63,6 +64,13 @@ def llm_call(step: StepSpec, scope: dict[str, Any], run_id: str) -> LlmCall:
 
 async def run_llm(dispatcher: Dispatcher, call: LlmCall, deadline: float) -> StepOutcome:
     """Dispatch an LLM call; JSON steps get their output parsed."""
+    return (await _answered(dispatcher, call, deadline))[0]
+
+
+async def _answered(
+    dispatcher: Dispatcher, call: LlmCall, deadline: float
+) -> tuple[StepOutcome, LlmAnswer | None]:
+    """The step's outcome and, when a model answered, its answer."""
     try:
         answer = await dispatcher.complete(call, deadline)
     except DispatchFailed as exc:
@@ -73,7 +81,7 @@ async def run_llm(dispatcher: Dispatcher, call: LlmCall, deadline: float) -> Ste
             model=call.model,
             error=exc.message,
             attempt_log=exc.attempts,
-        )
+        ), None
     output: Any = answer.text
     if call.json_output and not answer.partial:
         try:
@@ -87,7 +95,8 @@ async def run_llm(dispatcher: Dispatcher, call: LlmCall, deadline: float) -> Ste
         model=answer.model,
         fallback=answer.model if answer.model != call.model else None,
         attempt_log=answer.attempts,
-    )
+        confidence_score=answer.confidence,
+    ), answer
 
 
 class LlmExecutor:
@@ -129,4 +138,5 @@ class LlmExecutor:
             call.on_attempt = functools.partial(progress.attempt, step_id)
             if progress.wants_tokens:
                 call.on_token = functools.partial(progress.token, step_id)
-        return await run_llm(self.dispatcher, call, deadline)
+        outcome, answer = await _answered(self.dispatcher, call, deadline)
+        return await verify_outcome(self.dispatcher, step, call, outcome, answer, deadline)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .._errors import ChainRTError, ConcurrencyError, ConcurrencyRejected, TemplateError
 from ..concurrency import Holding, KeyRequest, Limiter
@@ -43,6 +43,8 @@ class StepOutcome:
     fallback: str | None = None
     error: str | None = None
     attempt_log: list[AttemptRecord] = field(default_factory=list)
+    confidence_score: float | None = None
+    verification_status: Literal["match", "mismatch", "unverified"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,8 @@ def step_record(
         error=outcome.error,
         attempt_log=outcome.attempt_log,
         waits_ms=dict(waits or {}),
+        confidence_score=outcome.confidence_score,
+        verification_status=outcome.verification_status,
     )
 
 

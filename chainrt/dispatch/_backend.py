@@ -28,6 +28,10 @@ class BackendAnswer:
     prompt_tokens: int
     completion_tokens: int
     endpoint: str | None = None
+    confidence: float | None = None
+    """The worker's ``confidence_score`` (None when it sent none)."""
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
 
 
 class ModelBackend(abc.ABC):
@@ -172,6 +176,9 @@ class LocalBackend(ModelBackend):
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
             endpoint="in-process",
+            confidence=result.confidence,
+            prefill_ms=result.prefill_ms,
+            decode_ms=result.decode_ms,
         )
 
 

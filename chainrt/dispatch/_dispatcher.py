@@ -26,6 +26,7 @@ from .._jsonschema import schema_violation
 from ..errors import BackendError, DispatchFailed, NoEndpoint
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, ModelBackend
+from ._hops import answer_hops
 from ._latency import LatencyTracker, estimate_prompt_tokens, too_slow
 from ._policy import (
     MIN_ATTEMPT_S,
@@ -318,7 +319,7 @@ class _ModelTry:
         status = "ok" if got.finish_reason != "deadline" else "deadline"
         if status == "ok":
             self._record(got, elapsed / 1000)
-        self._log(status, elapsed, got.endpoint, None)
+        self._log(status, elapsed, got.endpoint, None, got=got)
         return LlmAnswer(
             text=got.text,
             model=model,
@@ -327,6 +328,7 @@ class _ModelTry:
             prompt_tokens=got.prompt_tokens,
             completion_tokens=got.completion_tokens,
             attempts=self.attempts,
+            confidence=got.confidence,
         )
 
     def _record(self, got: BackendAnswer, seconds: float) -> None:
@@ -349,6 +351,7 @@ class _ModelTry:
         detail: str | None,
         *,
         final: bool = True,
+        got: BackendAnswer | None = None,
     ) -> None:
         """Add an entry to the attempt log; ``final``: tell ``on_attempt`` now (a failure is
         told once the retry decision has been added to its detail, in :meth:`_wait`)."""
@@ -362,6 +365,7 @@ class _ModelTry:
             status=status,
             elapsed_ms=round(elapsed_ms, 3),
             detail=detail,
+            **({} if got is None else answer_hops(got, elapsed_ms)),
         )
         self.attempts.append(record)
         if final and self.call.on_attempt is not None:

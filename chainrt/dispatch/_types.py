@@ -61,6 +61,8 @@ class LlmAnswer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     attempts: list[AttemptRecord] = field(default_factory=list)
+    confidence: float | None = None
+    """The answering model's confidence score in [0, 1]; None when it reported none."""
 
     @property
     def partial(self) -> bool:

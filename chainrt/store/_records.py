@@ -64,6 +64,11 @@ class AttemptRecord(_Record):
     status: str
     elapsed_ms: float
     detail: Redacted = None
+    confidence: float | None = None
+    """The answer's confidence score in [0, 1], when the model reported one."""
+    hops_ms: dict[str, float] | None = None
+    """Where an answered attempt's time went: ``prefill``, ``decode`` (reported by the worker)
+    and ``network`` (the rest of the attempt: transfer, queueing and admission at the worker)."""
 
 
 class StepRecord(_Record):
@@ -84,6 +89,12 @@ class StepRecord(_Record):
     attempt_log: list[AttemptRecord] = Field(default_factory=list)
     waits_ms: dict[str, float] = Field(
         default_factory=dict, description="Concurrency key -> ms waited for it."
+    )
+    confidence_score: float | None = Field(
+        default=None, description="The answer's confidence in [0, 1] (llm steps)."
+    )
+    verification_status: Literal["match", "mismatch", "unverified"] | None = Field(
+        default=None, description="Outcome of the step's `verify:` check (llm steps with one)."
     )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

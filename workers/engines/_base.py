@@ -80,6 +80,13 @@ class GenerationResult:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    confidence: float | None = None
+    """The answer's confidence score in [0, 1] (:mod:`workers.engines._confidence`); None when
+    the engine could not tell (no token generated)."""
+    prefill_ms: float | None = None
+    """Time spent evaluating the prompt, up to the first generated token."""
+    decode_ms: float | None = None
+    """Time spent generating tokens after the first."""
 
 
 @dataclass(frozen=True, slots=True)

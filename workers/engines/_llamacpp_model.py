@@ -26,6 +26,7 @@ from ._base import (
     GenerationResult,
     StreamDelta,
 )
+from ._confidence import confidence_score, top_logprobs
 from ._textstream import TextAssembler
 
 if TYPE_CHECKING:
@@ -201,6 +202,9 @@ class LlamaModel:
 
         text = TextAssembler(request.stop)
         completion: list[int] = []
+        tops: list[list[float]] = []
+        started = time.perf_counter()
+        marks: list[float] = []
         reason = interrupted()
         try:
             # Injected faults surface here, exactly as llama.cpp reports a full KV cache.
@@ -210,7 +214,16 @@ class LlamaModel:
                 reason = self._prefill(tokens, interrupted)
             if reason is None and budget > 0:
                 reason = self._decode(
-                    request, tokens, budget, grammar, text, completion, emit, interrupted
+                    request,
+                    tokens,
+                    budget,
+                    grammar,
+                    text,
+                    completion,
+                    emit,
+                    interrupted,
+                    tops,
+                    marks,
                 )
         except RuntimeError as exc:
             self.clear_cache()  # whatever the failed decode left in the cache is unusable
@@ -223,6 +236,9 @@ class LlamaModel:
             finish_reason=reason or "length",
             prompt_tokens=len(tokens),
             completion_tokens=len(completion),
+            confidence=confidence_score(tops),
+            prefill_ms=round(((marks[0] if marks else started) - started) * 1000, 3),
+            decode_ms=round((time.perf_counter() - (marks[0] if marks else started)) * 1000, 3),
         )
 
     def _prefill(self, tokens: list[int], interrupted: Interrupted) -> FinishReason | None:
@@ -256,8 +272,13 @@ class LlamaModel:
         completion: list[int],
         emit: Emit,
         interrupted: Interrupted,
+        tops: list[list[float]],
+        marks: list[float],
     ) -> FinishReason | None:
+        """Sample up to ``budget`` tokens; each token's top log-probabilities go to ``tops`` and
+        the time the first one arrived (the end of prefill) to ``marks``."""
         import llama_cpp
+        import numpy as np
 
         llm = self._llm
         llm.set_seed(request.seed if request.seed is not None else self._seed)
@@ -268,7 +289,13 @@ class LlamaModel:
             grammar=grammar,
         )
         try:
+            n_vocab = llm.n_vocab()
             for token in stream:
+                if not marks:
+                    marks.append(time.perf_counter())
+                # The logits this token was sampled from (the model's own, before penalties).
+                logits = llm._ctx.get_logits()  # type: ignore[no-untyped-call]
+                tops.append(top_logprobs(np.ctypeslib.as_array(logits, (n_vocab,))))
                 if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     return "stop"
                 completion.append(token)

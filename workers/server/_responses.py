@@ -38,6 +38,14 @@ def _usage(result: GenerationResult) -> dict[str, int]:
     }
 
 
+def _extensions(body: dict[str, Any], result: GenerationResult) -> dict[str, Any]:
+    """chainrt's extension fields: ``confidence_score`` and ``timings`` (prefill/decode ms)."""
+    body["confidence_score"] = result.confidence
+    if result.prefill_ms is not None or result.decode_ms is not None:
+        body["timings"] = {"prefill_ms": result.prefill_ms, "decode_ms": result.decode_ms}
+    return body
+
+
 def chat_response(
     rid: str,
     model: str,
@@ -62,7 +70,7 @@ def chat_response(
         finish = "tool_calls"
     elif content is not None:
         message["content"] = content
-    return {
+    body = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -70,6 +78,7 @@ def chat_response(
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": _usage(result),
     }
+    return _extensions(body, result)
 
 
 def chat_answer(
@@ -84,7 +93,7 @@ def chat_answer(
 
 def completion_response(rid: str, model: str, result: GenerationResult) -> dict[str, Any]:
     """A ``text_completion`` object."""
-    return {
+    body = {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
@@ -99,6 +108,7 @@ def completion_response(rid: str, model: str, result: GenerationResult) -> dict[
         ],
         "usage": _usage(result),
     }
+    return _extensions(body, result)
 
 
 def chat_chunk(
@@ -124,6 +134,7 @@ def chat_chunk(
     }
     if usage is not None:
         chunk["usage"] = _usage(usage)
+        _extensions(chunk, usage)
         return chunk
     delta: dict[str, Any] = {"role": "assistant"} if role else {}
     if content is not None:
@@ -152,6 +163,7 @@ def completion_chunk(
     }
     if usage is not None:
         chunk["usage"] = _usage(usage)
+        _extensions(chunk, usage)
     else:
         chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
     return chunk

@@ -1,0 +1,48 @@
+"""The confidence score: table tests of the pure function (formula in workers/engines/_confidence)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workers.engines._confidence import confidence_score, token_confidence, top_logprobs
+
+LN = math.log
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "expected"),
+    [
+        ([0.0], 1.0),  # one token holds all the mass: margin 1, spread 0
+        ([0.0, -1e9], 1.0),  # a rival with no mass changes nothing
+        ([LN(0.5), LN(0.5)], 0.0),  # a tie: margin 0, spread 1
+        ([LN(0.25)] * 4, 0.0),
+        ([LN(0.9), LN(0.1)], 0.6655),  # margin 0.8, spread H(0.9,0.1)/ln2 = 0.469
+        ([LN(0.1), LN(0.9)], 0.6655),  # order does not matter
+        ([LN(0.6), LN(0.2), LN(0.2)], 0.2675),  # margin 0.4, spread 0.9503/ln3 = 0.865
+        ([LN(0.3)], 0.65),  # one known token: margin 0.3, spread 0
+    ],
+)
+def test_token_confidence_table(logprobs: list[float], expected: float) -> None:
+    assert token_confidence(logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+def test_answer_score_is_the_mean_of_its_tokens() -> None:
+    assert confidence_score([[0.0], [LN(0.5), LN(0.5)]]) == pytest.approx(0.5)
+    assert confidence_score([]) is None
+
+
+@pytest.mark.parametrize("bad", [[], [0.5], [float("nan")]])
+def test_bad_logprobs_are_refused(bad: list[float]) -> None:
+    with pytest.raises(ValueError):
+        token_confidence(bad)
+
+
+def test_top_logprobs_is_a_log_softmax() -> None:
+    top = top_logprobs([1.0, 3.0, 2.0, 0.0], k=2)
+    total = sum(math.exp(v) for v in (1.0, 3.0, 2.0, 0.0))
+    assert top == pytest.approx([3.0 - math.log(total), 2.0 - math.log(total)])
+    assert top_logprobs([5.0], k=5) == pytest.approx([0.0])
+    with pytest.raises(ValueError):
+        top_logprobs([])
