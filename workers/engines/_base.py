@@ -195,6 +195,13 @@ class Engine(abc.ABC):
         """Memory figures for admission control; None when the engine cannot tell."""
         return None
 
+    def recovery_estimate_s(self) -> float | None:
+        """Seconds a rebuild by :meth:`recover` is expected to take (None: no idea; quick).
+
+        The worker sizes ``Retry-After`` with it until it has timed a recovery of its own.
+        """
+        return None
+
     async def recover(self) -> None:
         """Bring the engine back after EngineOOM/EngineDead: free memory, restart what died.
 

@@ -142,19 +142,31 @@ class VllmEngine(Engine):
                     return
                 except Exception as exc:  # any failure of the check means: rebuild
                     _log.warning("vLLM health probe failed (%r); rebuilding the engine", exc)
+            began = time.monotonic()
             self._llm = None
             if llm is not None:
                 await shutdown_llm(llm)
             del llm
+            stopped = time.monotonic()
             await asyncio.to_thread(self._build)
+            built = time.monotonic()
             self.restarts += 1
             try:
                 await self._probe(self._llm)
+                _log.info(
+                    "vLLM rebuild: old core shut down %.2f s, new engine core %.2f s, "
+                    "first token %.2f s",
+                    stopped - began, built - stopped, time.monotonic() - built,
+                )  # fmt: skip
             except Exception as exc:
                 raise EngineDead(
                     f"the vLLM engine was rebuilt but cannot generate ({type(exc).__name__}: "
                     f"{exc}); the worker must be restarted"
                 ) from exc
+
+    def recovery_estimate_s(self) -> float | None:
+        """How long the last build of the engine core took (a rebuild costs about as much)."""
+        return self.start_seconds
 
     def _lock(self) -> asyncio.Lock:
         # Created on first use so the engine can be constructed outside an event loop.

@@ -50,8 +50,13 @@ class RecoveryManager:
         self._engine = engine
 
     def retry_after_s(self) -> int:
-        """What to put in ``Retry-After`` while recovering (whole seconds, at least 1)."""
-        return max(1, math.ceil(self.last_seconds or 1.0))
+        """What to put in ``Retry-After`` while recovering (whole seconds, at least 1).
+
+        The last recovery's duration; before the first one, the engine's own estimate (vLLM:
+        how long building its engine core took), else 1.
+        """
+        seconds = self.last_seconds or self._engine.recovery_estimate_s() or 1.0
+        return max(1, math.ceil(seconds))
 
     def engine_failed(self, exc: BaseException) -> None:
         """Count the failure and start recovering (joins a recovery already under way)."""
