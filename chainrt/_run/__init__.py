@@ -12,7 +12,7 @@ _intercept  RunInterceptor: code wrapped around each execution and each step (tr
 from __future__ import annotations
 
 from ._intercept import RunCall, RunInterceptor, RunStart, StepCall, chain_runs, chain_steps
-from ._journal import COMMIT_GRACE_S, Clock, RunJournal, Unrecordable
+from ._journal import COMMIT_GRACE_S, Clock, RunJournal
 from ._llm import LlmExecutor, llm_call, run_llm
 from ._recording import end_step, finish_output, repeats_side_effects
 from ._runnable import RunnableExecutor
@@ -42,7 +42,6 @@ __all__ = [
     "StepOutcome",
     "StepStart",
     "ToolExecutor",
-    "Unrecordable",
     "acquire_keys",
     "call_tool",
     "chain_runs",

@@ -18,16 +18,17 @@ from ..spec import StepSpec
 from ..store._protocol import CheckpointStore
 from ..store._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
 
-__all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal", "Unrecordable"]
+__all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal"]
 
 COMMIT_GRACE_S = 0.5
 """Time a checkpoint write may take even when the budget has run out (the result must land)."""
 
 
-class Unrecordable(ChainRTError):
+class _Unrecordable(ChainRTError):
     """The store cannot take what this commit carries (a value nested too deep for JSON, a lone
     surrogate, a record over the size limit): nothing was written, and writing it again fails
-    the same way. The runner writes a storable record instead (:mod:`._recording`)."""
+    the same way. The runner writes a storable record instead (:mod:`._recording`); private: it never
+    leaves the runner."""
 
 
 class Clock:
@@ -162,11 +163,11 @@ class RunJournal:
             async with asyncio.timeout(timeout):
                 await self.store.commit(self.record.run_id, self.token, progress, step)
         except RecordTooLarge as exc:
-            raise Unrecordable(exc.message) from None
+            raise _Unrecordable(exc.message) from None
         except (ValueError, RecursionError) as exc:
             # The stores encode a record before they write anything: pydantic's
             # PydanticSerializationError and UnicodeEncodeError are ValueErrors.
-            raise Unrecordable(f"{type(exc).__name__}: {exc}") from None
+            raise _Unrecordable(f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:
             raise StoreUnavailable(
                 f"checkpoint of run {self.record.run_id} did not complete within the budget; "

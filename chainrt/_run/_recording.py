@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from .._progress import Progress
 from ..spec import StepSpec
 from ..store._records import AttemptRecord, StepRecord
-from ._journal import RunJournal, Unrecordable
+from ._journal import RunJournal, _Unrecordable
 
 __all__ = ["UNRECORDED", "end_step", "finish_output", "repeats_side_effects", "unrecorded"]
 
@@ -82,7 +82,7 @@ async def end_step(
                 stopped_at=step.id,
                 step=record,
             )
-    except Unrecordable as exc:
+    except _Unrecordable as exc:
         record, stop = unrecorded(record, exc.message), "failed"
         await journal.finish(
             stop, error=f"step {step.id}: {record.error}", stopped_at=step.id, step=record
@@ -95,7 +95,7 @@ async def finish_output(journal: RunJournal, output: object) -> None:
     """End the run ``completed`` with ``output``, or ``failed`` if the store refuses it."""
     try:
         await journal.finish("completed", output=output)
-    except Unrecordable as exc:
+    except _Unrecordable as exc:
         await journal.finish(
             "failed",
             error=f"output: the run's output could not be recorded ({_safe(exc.message)})",
