@@ -2,7 +2,13 @@
 
     .venv/bin/python bench/fallback.py [--runs 2000] [--concurrency 4]
         [--modes off,retry,on,on-faulty] [--error-rate 0.05] [--spike-ms 800] [--spike-every 3]
-        [--spike-for 1] [--budget 3s]
+        [--spike-for 1] [--budget 3s] [--scenario faults|hung] [--load-cores N]
+
+``--scenario hung``: no injected errors or spikes; instead one of the two primary workers
+accepts every request and never answers (fault ``hang``) for the whole run — the case where the
+reserve must keep the fallback's time. ``--load-cores N`` runs ``scripts/cpu_hog --cores N``
+beside the benchmark (on a 2-core machine, ``--load-cores 2`` leaves the workers, the runner and
+the in-process fallback fighting a neighbour for every core).
 
 Two real workers (local llama.cpp engine, SmolLM2) serve the pool model ``primary``; each fails
 ``--error-rate`` of its requests with a 500 (fault injection), and every ``--spike-every``
@@ -36,6 +42,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import subprocess
 import sys
 import tempfile
 import time
@@ -183,6 +190,7 @@ async def _mode(
             spikes = [
                 asyncio.create_task(_spikes(group, args.spike_every, args.spike_for, args.spike_ms))
                 for group in groups
+                if args.spike_ms > 0
             ]
             began = time.perf_counter()
             try:
@@ -215,6 +223,8 @@ async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[st
     await get_local_engine().start()  # load the fallback model before the clock starts
     for worker in workers:
         worker.faults(error_rate=args.error_rate)
+    if args.scenario == "hung":
+        workers[1].faults(hang=True)
     primaries, backup = workers[:2], (workers[2] if len(workers) > 2 else None)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,7 +256,18 @@ def main() -> None:
     parser.add_argument(
         "--show-failures", type=int, default=0, help="print N failed runs' attempts"
     )
+    parser.add_argument(
+        "--scenario",
+        choices=("faults", "hung"),
+        default="faults",
+        help="hung: one primary worker never answers (no injected errors, no spikes)",
+    )
+    parser.add_argument(
+        "--load-cores", type=int, default=0, help="run scripts/cpu_hog on this many cores"
+    )
     args = parser.parse_args()
+    if args.scenario == "hung":
+        args.error_rate, args.spike_ms = 0.0, 0.0
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         parser.error(
@@ -257,13 +278,37 @@ def main() -> None:
     print(
         f"{args.runs} runs x 3 LLM steps per mode, {args.concurrency} at a time, budget {args.budget}; "
         f"2 primary workers{' + 1 backup worker' if count == 3 else ''}, "
-        f"{args.error_rate * 100:g} % injected 500s on each, +{args.spike_ms:g} ms spikes "
-        f"{args.spike_for:g}s of every {args.spike_every:g}s (alternating primaries; the backup "
-        "on its own schedule); a run is answered when every step names Paris",
+        + (
+            "one of the two primaries hangs (accepts, never answers)"
+            if args.scenario == "hung"
+            else f"{args.error_rate * 100:g} % injected 500s on each, +{args.spike_ms:g} ms spikes "
+            f"{args.spike_for:g}s of every {args.spike_every:g}s (alternating primaries; the "
+            "backup on its own schedule)"
+        )
+        + (f"; cpu_hog on {args.load_cores} core(s)" if args.load_cores else "")
+        + "; a run is answered when every step names Paris",
         flush=True,
     )
-    with local_workers(count, "--enable-fault-injection", "--health-interval", "600") as workers:
-        asyncio.run(_main(args, workers))
+    hog = None
+    if args.load_cores > 0:
+        hog = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "cpu_hog"),
+                "6h",
+                "--cores",
+                str(args.load_cores),
+            ]
+        )
+    try:
+        with local_workers(
+            count, "--enable-fault-injection", "--health-interval", "600"
+        ) as workers:
+            asyncio.run(_main(args, workers))
+    finally:
+        if hog is not None:
+            hog.terminate()
+            hog.wait()
 
 
 if __name__ == "__main__":
