@@ -32,6 +32,9 @@ class StepSummary(BaseModel):
     verification_status: str | None = Field(
         default=None, description="match | mismatch | unverified (llm steps with `verify:`)."
     )
+    degraded: dict[str, Any] | None = Field(
+        default=None, description="The `degrade:` action that answered, e.g. {by: cache, age_s}."
+    )
 
 
 class BudgetSummary(BaseModel):
@@ -122,6 +125,7 @@ class RunResult(BaseModel):
                 error=rec.error,
                 confidence_score=rec.confidence_score,
                 verification_status=rec.verification_status,
+                degraded=rec.degraded,
             )
             for step_id in order
             if isinstance(step_id, str) and (rec := steps.get(step_id)) is not None

@@ -142,7 +142,7 @@ class Runner:
         self.lease_ttl_s = lease_ttl_s
         self.host = host or this_host()
         self.trust = trust or RecordTrust.from_settings(get_settings(), allowed_modules)
-        self._llm = LlmExecutor(dispatcher)
+        self._llm = LlmExecutor(dispatcher, store)
         self._tool = ToolExecutor(allowed_modules)
         self._runnable = RunnableExecutor(allowed_modules, runnable_executor)
 

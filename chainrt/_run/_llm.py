@@ -18,6 +18,8 @@ from .._errors import ChainRTError
 from .._progress import NO_PROGRESS, STEP_PROGRESS
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall
 from ..spec import ChainSpec, StepSpec, render_value
+from ..store._answers import AnswerCache, answer_cache
+from ._degrade import degrade_outcome
 from ._step import StepOutcome
 from ._verify import verify_outcome
 
@@ -102,8 +104,10 @@ async def _answered(
 class LlmExecutor:
     """Runs ``llm`` steps through one dispatcher."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, store: Any = None) -> None:
         self.dispatcher = dispatcher
+        self.cache = AnswerCache() if store is None else answer_cache(store)
+        """Where ``degrade: [cache]`` keeps answers: the checkpoint store given."""
 
     async def prepare(self, spec: ChainSpec) -> None:
         """Get the chain's models ready (load the in-process model) before the budget clock runs.
@@ -139,4 +143,7 @@ class LlmExecutor:
             if progress.wants_tokens:
                 call.on_token = functools.partial(progress.token, step_id)
         outcome, answer = await _answered(self.dispatcher, call, deadline)
-        return await verify_outcome(self.dispatcher, step, call, outcome, answer, deadline)
+        outcome = await verify_outcome(self.dispatcher, step, call, outcome, answer, deadline)
+        return await degrade_outcome(
+            self.dispatcher, self.cache, step, call, outcome, answer, scope, run_id, deadline
+        )

@@ -45,6 +45,7 @@ class StepOutcome:
     attempt_log: list[AttemptRecord] = field(default_factory=list)
     confidence_score: float | None = None
     verification_status: Literal["match", "mismatch", "unverified"] | None = None
+    degraded: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +165,7 @@ def step_record(
         waits_ms=dict(waits or {}),
         confidence_score=outcome.confidence_score,
         verification_status=outcome.verification_status,
+        degraded=outcome.degraded,
     )
 
 

@@ -26,6 +26,7 @@ from .._durations import MIN_BUDGET_MS, parse_duration_ms
 from .._errors import BudgetError
 from .._jsonschema import check_schema
 from .._strict import Strict as _Strict
+from ._degrade import DegradeAction
 from ._verify import VerifySpec
 
 __all__ = [
@@ -232,6 +233,11 @@ class StepSpec(_Strict):
     verify: VerifySpec | None = Field(
         default=None, description="Check a low-confidence answer against a second model."
     )
+    degrade: list[DegradeAction] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Tried in order when the step's models all failed: cache, model, static.",
+    )
 
     @field_validator("id")
     @classmethod
@@ -250,8 +256,8 @@ class StepSpec(_Strict):
             raise ValueError(f"min ({self.min:g}ms) is larger than max ({self.max:g}ms)")
         if self.llm is None and (self.fallbacks or self.static_answer is not None):
             raise ValueError("fallbacks and static_answer apply to llm steps only")
-        if self.llm is None and self.verify is not None:
-            raise ValueError("verify applies to llm steps only")
+        if self.llm is None and (self.verify is not None or self.degrade):
+            raise ValueError("verify and degrade apply to llm steps only")
         if self.tool is None and self.args:
             raise ValueError("args apply to tool steps only")
         if self.runnable is None and self.input is not None:

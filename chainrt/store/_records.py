@@ -96,6 +96,10 @@ class StepRecord(_Record):
     verification_status: Literal["match", "mismatch", "unverified"] | None = Field(
         default=None, description="Outcome of the step's `verify:` check (llm steps with one)."
     )
+    degraded: dict[str, Any] | None = Field(
+        default=None,
+        description="The `degrade:` action that answered: {by: cache, age_s}, {by: model}, ...",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
