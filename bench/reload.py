@@ -1,11 +1,13 @@
 """Hot reload under load: latency before and after, failures, readiness.
 
-    .venv/bin/python bench/reload.py [--engine local] [--clients 4] [--seconds 20] [--max-tokens 8]
+    .venv/bin/python bench/reload.py [--clients 4] [--seconds 20] [--max-tokens 8]
+    python bench/reload.py --engine torch --random-model     # a GPU host (or slowly, the CPU)
 
 Starts a real worker (``--served-model-name v1 --admin-token ...``), runs ``--clients`` threads
 each sending chat requests back to back with the official ``openai`` client, polls
 ``/health/ready`` every 50 ms, and half-way through posts ``/admin/reload`` to a copy of the model
-(local engine: a copy of the GGUF under another file name) served as ``v2``. Prints p50/p99 of the
+(local engine: a copy of the GGUF under another file name; torch engine: a copy of a random-weights
+Llama's HF folder, built here as in ``bench/gpu_oom.py``) served as ``v2``. Prints p50/p99 of the
 requests that ended before the reload was asked for and of those that started after it answered,
 the requests answered during the reload, the failures, the readiness answers that were not 200,
 and the reload's own timing. Figures are what this machine did in this run.
@@ -91,13 +93,27 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--engine", choices=["local", "torch"], default="local")
+    parser.add_argument(
+        "--random-model", action="store_true", help="torch: serve a random-weights Llama built here"
+    )
     args = parser.parse_args()
+    if args.engine == "torch" and not args.random_model:
+        parser.error("--engine torch needs --random-model (nothing is downloaded)")
     folder = Path(tempfile.mkdtemp(prefix="chainrt-reload-"))
-    copy = folder / "model-v2.gguf"
-    shutil.copyfile(resolve_model_path(), copy)
+    if args.engine == "local":
+        engine = ["--engine", "local"]
+        copy = folder / "model-v2.gguf"
+        shutil.copyfile(resolve_model_path(), copy)
+    else:
+        from gpu_oom import build_random_model
+
+        first = build_random_model(folder / "v1")
+        copy = folder / "v2"
+        shutil.copytree(first, copy)
+        engine = ["--engine", "torch", "--model", str(first)]
     worker = BenchWorker(
-        "--engine", "local", "--served-model-name", "v1", "--admin-token", TOKEN,
-        "--log-level", "warning",
+        *engine, "--served-model-name", "v1", "--admin-token", TOKEN, "--log-level", "warning",
     )  # fmt: skip
     seen = Seen()
     try:
@@ -130,7 +146,10 @@ def main() -> int:
     after = [end - start for start, end, _ in seen.answers if start > swapped]
     models_after = sorted({m for start, _, m in seen.answers if start > swapped})
     during = [a for a in seen.answers if not (a[1] < asked or a[0] > swapped)]
-    print(f"clients={args.clients} seconds={args.seconds} max_tokens={args.max_tokens}")
+    print(
+        f"engine={args.engine} clients={args.clients} seconds={args.seconds} "
+        f"max_tokens={args.max_tokens}"
+    )
     print(f"reload: HTTP {answer.status_code} in {swapped - asked:.2f} s: {answer.text}")
     print(f"before the reload: {quantiles(before)}")
     print(f"after the reload:  {quantiles(after)} (answered by {', '.join(models_after)})")

@@ -44,3 +44,17 @@ def test_a_real_oom_fails_only_the_oversized_request(tmp_path: Path) -> None:
     assert report["small_ok"] > 0
     assert report["small_failed"] == 0, report["small_errors"]
     assert report["worker_oom_events"] >= 2
+
+
+def test_a_hot_reload_under_load_on_the_gpu_drops_nothing() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "reload.py"), "--engine", "torch",
+         "--random-model", "--clients", "4", "--seconds", "10"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out[-2000:] + done.stderr[-2000:]
+    assert "reload: HTTP 200" in out
+    assert "failed requests: 0" in out
+    assert ", not ready: 0" in out
+    assert "(answered by v2)" in out
