@@ -205,6 +205,11 @@ async def test_run_that_waits_falls_back_and_resumes_makes_two_linked_traces(
     assert local.attributes[attr.MODEL] == "local"
     assert 1 <= local.attributes[attr.GEN_AI_USAGE_OUTPUT_TOKENS] <= 2  # type: ignore[operator]
     assert local.status.status_code is not StatusCode.ERROR
+    # Per-hop latency: the in-process model has no queue/admission hop, only its engine's.
+    assert 0.0 <= local.attributes[attr.CONFIDENCE] <= 1.0  # type: ignore[operator]
+    hops = {k: v for k, v in local.attributes.items() if k.startswith(attr.HOP_PREFIX)}
+    assert set(hops) == {attr.HOP_PREFIX + h for h in ("prefill", "decode", "network")}
+    assert hops[attr.HOP_PREFIX + "prefill"] > 0  # type: ignore[operator]
 
     assert finish_a.attributes is not None
     assert finish_a.attributes[attr.STEP_ID] == "finish"

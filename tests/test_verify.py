@@ -7,6 +7,8 @@ the same at temperature 0, so a small real HTTP server stands in for "another mo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -143,8 +145,19 @@ async def test_low_confidence_answer_checked_by_a_replica_matches(
     assert (first.model, second.model, second.attempt) == ("primary", "replica", 2)
     assert first.confidence == step.confidence_score
     assert first.hops_ms is not None
-    assert set(first.hops_ms) == {"prefill", "decode", "network"}
+    assert set(first.hops_ms) == {"queue", "admission", "prefill", "decode", "network"}
     assert first.hops_ms["prefill"] > 0.0
+    # The hops split the attempt: together they are its elapsed time (network is the rest).
+    assert sum(first.hops_ms.values()) == pytest.approx(first.elapsed_ms, abs=0.01)
+    if store.startswith("sqlite"):
+        shown = subprocess.run(
+            [sys.executable, "-m", "chainrt", "inspect", f"match-{store[:5]}", "--store", store],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        assert "verification match" in shown
+        assert f"confidence {step.confidence_score:.2f}" in shown
+        assert "[queue " in shown
+        assert " network " in shown
 
 
 async def test_confident_answer_is_not_sent_to_the_verifier(
@@ -228,5 +241,7 @@ def test_worker_returns_confidence_and_timings_to_the_openai_client(worker: Work
     assert isinstance(score, float)
     assert 0.0 <= score <= 1.0
     timings = extra["timings"]
+    assert timings["queue_ms"] >= 0.0
+    assert timings["admission_ms"] >= 0.0
     assert timings["prefill_ms"] > 0.0
     assert timings["decode_ms"] >= 0.0

@@ -12,7 +12,7 @@ from .._progress import Progress
 if TYPE_CHECKING:  # annotations only: `chainrt runs` loads no chain-spec models
     from .._result import RunResult
     from ..spec import StepSpec
-    from ..store._records import RunRecord, StepRecord
+    from ..store._records import AttemptRecord, RunRecord, StepRecord
 
 __all__ = ["LivePrinter", "print_inspect", "print_result", "print_runs"]
 
@@ -175,9 +175,34 @@ def print_inspect(
             where = attempt.endpoint or attempt.model or "-"
             detail = f" - {attempt.detail}" if attempt.detail else ""
             print(
-                f"       #{attempt.attempt} {where} {attempt.status} {format_ms(attempt.elapsed_ms)}{detail}",
+                f"       #{attempt.attempt} {where} {attempt.status} {format_ms(attempt.elapsed_ms)}"
+                f"{_quality(attempt)}{detail}",
                 file=out,
             )
+        if rec.confidence_score is not None or rec.verification_status or rec.degraded:
+            print(f"       {_judged(rec)}", file=out)
         if rec.error:
             print(f"       error: {rec.error}", file=out)
         print(f"       output: {_short(rec.output, width)}", file=out)
+
+
+def _quality(attempt: AttemptRecord) -> str:
+    """`` confidence 0.41 [queue 1ms admission 0ms prefill 80ms decode 120ms network 3ms]``."""
+    text = "" if attempt.confidence is None else f" confidence {attempt.confidence:.2f}"
+    if attempt.hops_ms:
+        hops = " ".join(f"{name} {format_ms(ms)}" for name, ms in attempt.hops_ms.items())
+        text += f" [{hops}]"
+    return text
+
+
+def _judged(rec: StepRecord) -> str:
+    """The step's confidence, verification and degrade verdicts on one line."""
+    parts = []
+    if rec.confidence_score is not None:
+        parts.append(f"confidence {rec.confidence_score:.2f}")
+    if rec.verification_status:
+        parts.append(f"verification {rec.verification_status}")
+    if rec.degraded:
+        how = ", ".join(f"{k} {v}" for k, v in rec.degraded.items())
+        parts.append(f"degraded ({how})")
+    return "  ".join(parts)

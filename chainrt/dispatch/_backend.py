@@ -32,6 +32,10 @@ class BackendAnswer:
     """The worker's ``confidence_score`` (None when it sent none)."""
     prefill_ms: float | None = None
     decode_ms: float | None = None
+    queue_ms: float | None = None
+    """Time the worker kept the request waiting for an engine slot."""
+    admission_ms: float | None = None
+    """Time the worker's memory admission took."""
 
 
 class ModelBackend(abc.ABC):

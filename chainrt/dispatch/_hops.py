@@ -12,15 +12,21 @@ __all__ = ["answer_hops"]
 def answer_hops(got: BackendAnswer, elapsed_ms: float) -> dict[str, Any]:
     """The attempt record's ``confidence`` and ``hops_ms`` for an answer that took ``elapsed_ms``.
 
-    ``network`` is what the worker's own prefill + decode do not explain: the request and answer
-    on the wire and the worker's queue wait and admission (never below 0).
+    ``queue`` and ``admission`` are the worker's wait for an engine slot and its memory admission
+    (absent for the in-process model, which has neither), ``prefill`` and ``decode`` the
+    engine's; ``network`` is what those do not explain: the request and answer on the wire,
+    parsing, and the runner's own overhead (never below 0).
     """
     hops: dict[str, float] | None = None
     if got.prefill_ms is not None and got.decode_ms is not None:
-        served = got.prefill_ms + got.decode_ms
-        hops = {
-            "prefill": round(got.prefill_ms, 3),
-            "decode": round(got.decode_ms, 3),
-            "network": round(max(0.0, elapsed_ms - served), 3),
-        }
+        hops = {}
+        for name, ms in (
+            ("queue", got.queue_ms),
+            ("admission", got.admission_ms),
+            ("prefill", got.prefill_ms),
+            ("decode", got.decode_ms),
+        ):
+            if ms is not None:
+                hops[name] = round(ms, 3)
+        hops["network"] = round(max(0.0, elapsed_ms - sum(hops.values())), 3)
     return {"confidence": got.confidence, "hops_ms": hops}

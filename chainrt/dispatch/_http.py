@@ -349,6 +349,8 @@ def extensions(body: dict[str, Any]) -> dict[str, float | None]:
         "confidence": _number(body.get("confidence_score"), 1.0),
         "prefill_ms": _number(timings.get("prefill_ms"), math.inf),
         "decode_ms": _number(timings.get("decode_ms"), math.inf),
+        "queue_ms": _number(timings.get("queue_ms"), math.inf),
+        "admission_ms": _number(timings.get("admission_ms"), math.inf),
     }
 
 

@@ -67,8 +67,8 @@ class AttemptRecord(_Record):
     confidence: float | None = None
     """The answer's confidence score in [0, 1], when the model reported one."""
     hops_ms: dict[str, float] | None = None
-    """Where an answered attempt's time went: ``prefill``, ``decode`` (reported by the worker)
-    and ``network`` (the rest of the attempt: transfer, queueing and admission at the worker)."""
+    """Where an answered attempt's time went, in ms: ``queue``, ``admission``, ``prefill``,
+    ``decode`` (reported by the worker) and ``network`` (the rest of the attempt)."""
 
 
 class StepRecord(_Record):

@@ -30,6 +30,7 @@ from .._result import RunResult
 from .._run import RunCall, RunInterceptor, RunStart, StepCall, StepStart
 from ..concurrency import Holding, KeyRequest, KeyState, Limiter
 from ..dispatch._backend import BackendAnswer, BackendError, ModelBackend, TextSink
+from ..dispatch._hops import answer_hops
 from ..dispatch._latency import Sample
 from ..dispatch._types import LlmCall
 from ..store._protocol import CheckpointStore
@@ -226,6 +227,7 @@ class TracedBackend(ModelBackend):
             attr.ATTEMPT_MS: round((deadline - time.time()) * 1000, 3),
             attr.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
         }
+        started = time.perf_counter()
         with self.hooks.span(attr.SPAN_DISPATCH, attributes) as span:
             traceparent = self.hooks.traceparent() or call.traceparent
             call = dataclasses.replace(call, traceparent=traceparent)
@@ -245,6 +247,11 @@ class TracedBackend(ModelBackend):
                     attr.GEN_AI_USAGE_INPUT_TOKENS: got.prompt_tokens,
                     attr.GEN_AI_USAGE_OUTPUT_TOKENS: got.completion_tokens,
                 }
+            )
+            hops = answer_hops(got, (time.perf_counter() - started) * 1000)
+            span.set(
+                **{attr.CONFIDENCE: hops["confidence"]},
+                **{attr.HOP_PREFIX + name: ms for name, ms in (hops["hops_ms"] or {}).items()},
             )
         return got
 

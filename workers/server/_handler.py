@@ -62,6 +62,7 @@ from ._openai import (
 )
 from ._recovery import RecoveryManager
 from ._reload import EngineLease, ServingEngines
+from ._responses import server_hops, with_hops
 from ._streaming import stream_answer
 
 __all__ = ["Endpoint", "GenerationHandler"]
@@ -191,6 +192,7 @@ class GenerationHandler:
         await self._wait_ready(deadline)
         slot: Slot | None = await self._acquire(request, priority, deadline)
         assert slot is not None
+        queued = time.perf_counter()
         lease: EngineLease | None = self.engines.lease()  # this request's engine, reload or not
         assert lease is not None
         try:
@@ -198,6 +200,7 @@ class GenerationHandler:
             if self.faults is not None:
                 await self._inject_faults(deadline)
             model = ctx.attributes["model"] = lease.served.answer_name(parsed.model)
+            hops = server_hops(started, queued, time.perf_counter())
             if parsed.stream:
                 response = await stream_answer(
                     self, request, endpoint, parsed, gen, ctx, slot, lease, started
@@ -209,8 +212,9 @@ class GenerationHandler:
             )
             self.record(result, ctx, time.perf_counter() - started)
             if isinstance(parsed, CompletionRequest):
-                return json_response(completion_response(ctx.request_id, model, result))
-            answer = chat_answer(ctx.request_id, parsed, result)
+                completion = completion_response(ctx.request_id, model, result)
+                return json_response(with_hops(completion, hops))
+            answer = with_hops(chat_answer(ctx.request_id, parsed, result), hops)
             answer["model"] = model  # the model that answered (a hot reload may have renamed it)
             return json_response(answer)
         finally:

@@ -22,6 +22,8 @@ __all__ = [
     "completion_chunk",
     "completion_response",
     "new_id",
+    "server_hops",
+    "with_hops",
 ]
 
 
@@ -43,6 +45,22 @@ def _extensions(body: dict[str, Any], result: GenerationResult) -> dict[str, Any
     body["confidence_score"] = result.confidence
     if result.prefill_ms is not None or result.decode_ms is not None:
         body["timings"] = {"prefill_ms": result.prefill_ms, "decode_ms": result.decode_ms}
+    return body
+
+
+def server_hops(started: float, queued: float, admitted: float) -> dict[str, float]:
+    """The worker's own hops before the engine (``perf_counter`` marks): ``queue_ms`` (waiting
+    for an engine slot, and for readiness) and ``admission_ms`` (memory admission, faults)."""
+    return {
+        "queue_ms": round((queued - started) * 1000, 3),
+        "admission_ms": round((admitted - queued) * 1000, 3),
+    }
+
+
+def with_hops(body: dict[str, Any], hops: dict[str, float]) -> dict[str, Any]:
+    """``body`` with ``hops`` added to its ``timings``."""
+    timings = body.get("timings")
+    body["timings"] = {**hops, **(timings if isinstance(timings, dict) else {})}
     return body
 
 
