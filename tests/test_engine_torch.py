@@ -82,6 +82,13 @@ async def test_chat_generation_is_real_text(engine: TorchEngine) -> None:
     assert "<|im_" not in result.text
     assert result.prompt_tokens == engine.count_tokens(chat("What is the capital of France?"))
     assert 0 < result.completion_tokens <= 16
+    # Confidence from the model's own logits, and the prefill/decode split (workers.md).
+    assert result.confidence is not None
+    assert 0.0 < result.confidence <= 1.0
+    assert result.prefill_ms is not None
+    assert result.prefill_ms > 0.0
+    assert result.decode_ms is not None
+    assert result.decode_ms >= 0.0
 
 
 async def test_stream_pieces_add_up_to_the_result(engine: TorchEngine) -> None:

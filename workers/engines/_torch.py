@@ -38,6 +38,7 @@ from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._base import FinishReason, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
 from ._bridge import EngineJob
+from ._confidence import confidence_score
 from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
 from ._threaded import ThreadedEngine
@@ -286,21 +287,33 @@ class TorchEngine(ThreadedEngine):
                 return "deadline"
             return None
 
-        reason, text, produced = decode(
-            DecodeJob(
-                model=self._model,
-                torch=self._torch,
-                device=self.device or "cpu",
-                prompt_ids=ids,
-                request=request,
-                budget=min(request.max_tokens, self.context_tokens - len(ids)),
-                eos=self._eos,
-                tokens=self._tokens(),
-                emit=lambda piece: job.sink(StreamDelta(piece)),
-                interrupted=interrupted,
-                # Injected faults surface where a real one would: at the forward pass.
-                inject_oom=job.kind != "probe" and self.faults.take_oom(),
-                constraint=self._constraint(request),
-            )
+        started = time.perf_counter()
+        work = DecodeJob(
+            model=self._model,
+            torch=self._torch,
+            device=self.device or "cpu",
+            prompt_ids=ids,
+            request=request,
+            budget=min(request.max_tokens, self.context_tokens - len(ids)),
+            eos=self._eos,
+            tokens=self._tokens(),
+            emit=lambda piece: job.sink(StreamDelta(piece)),
+            interrupted=interrupted,
+            # Injected faults surface where a real one would: at the forward pass.
+            inject_oom=job.kind != "probe" and self.faults.take_oom(),
+            constraint=self._constraint(request),
         )
-        return StreamDelta("", GenerationResult(text, reason, len(ids), produced))
+        reason, text, produced = decode(work)
+        first = work.marks[0] if work.marks else time.perf_counter()
+        return StreamDelta(
+            "",
+            GenerationResult(
+                text,
+                reason,
+                len(ids),
+                produced,
+                confidence=confidence_score(work.tops),
+                prefill_ms=round((first - started) * 1000, 3),
+                decode_ms=round((time.perf_counter() - first) * 1000, 3),
+            ),
+        )

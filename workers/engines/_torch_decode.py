@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._base import FinishReason, GenerationRequest
+from ._confidence import TOP_K
 from ._hf_model import PromptTokenizer
 from ._textstream import TextAssembler
 from ._torch_constrain import JsonConstraint
@@ -44,6 +45,10 @@ class DecodeJob:
     inject_oom: bool = False
     constraint: JsonConstraint | None = None
     """Masks each step's logits to what a JSON Schema allows (None: unconstrained)."""
+    tops: list[list[float]] = field(default_factory=list)
+    """Filled with each generated token's top-k log-probabilities (the model's own, unmasked)."""
+    marks: list[float] = field(default_factory=list)
+    """Filled with the ``perf_counter`` time the first token was picked (the end of prefill)."""
 
 
 def decode(job: DecodeJob) -> tuple[FinishReason, str, int]:
@@ -65,6 +70,14 @@ def decode(job: DecodeJob) -> tuple[FinishReason, str, int]:
             del out, inputs
             constraint = job.constraint
             while True:
+                if not job.marks:
+                    job.marks.append(time.perf_counter())
+                best = (
+                    torch.log_softmax(logits[0].float(), dim=-1)
+                    .topk(min(TOP_K, logits.shape[-1]))
+                    .values
+                )
+                job.tops.append([float(v) for v in best.tolist()])
                 if constraint is not None:
                     logits = constraint.mask(logits)
                 token = sampler.pick(logits)
