@@ -96,6 +96,11 @@ async def test_dispatch_streams_tokens_from_the_local_model_and_from_a_worker(
     assert answer.completion_tokens > 5
     assert [(a.model, a.status) for a in attempts] == [(call.model, "ok")]
     assert attempts[0].endpoint == ("in-process" if where == "local" else worker.base)
+    # The confidence score and the prefill/decode split arrive streamed or not, and agree.
+    assert answer.confidence is not None
+    assert answer.confidence == plain.confidence
+    assert attempts[0].hops_ms is not None
+    assert attempts[0].hops_ms["prefill"] > 0.0
 
 
 async def test_run_events_carry_tokens_and_a_fallback_mid_stream_starts_over(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ._backend import BackendAnswer
 
-__all__ = ["answer_hops"]
+__all__ = ["answer_hops", "extensions"]
 
 
 def answer_hops(got: BackendAnswer, elapsed_ms: float) -> dict[str, Any]:
@@ -30,3 +31,25 @@ def answer_hops(got: BackendAnswer, elapsed_ms: float) -> dict[str, Any]:
                 hops[name] = round(ms, 3)
         hops["network"] = round(max(0.0, elapsed_ms - sum(hops.values())), 3)
     return {"confidence": got.confidence, "hops_ms": hops}
+
+
+def extensions(body: dict[str, Any]) -> dict[str, float | None]:
+    """chainrt's extension fields of a worker's answer (``confidence_score``, ``timings``);
+    a field that is absent or not a finite number in range is None."""
+    timings = body.get("timings")
+    if not isinstance(timings, dict):
+        timings = {}
+    return {
+        "confidence": _number(body.get("confidence_score"), 1.0),
+        "prefill_ms": _number(timings.get("prefill_ms"), math.inf),
+        "decode_ms": _number(timings.get("decode_ms"), math.inf),
+        "queue_ms": _number(timings.get("queue_ms"), math.inf),
+        "admission_ms": _number(timings.get("admission_ms"), math.inf),
+    }
+
+
+def _number(value: object, top: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if 0.0 <= number <= top and math.isfinite(number) else None

@@ -43,6 +43,7 @@ from ._choice import choose
 from ._client import ClientPool, ssl_context
 from ._endpoints import EndpointTable, Ticket
 from ._health import HealthPoller
+from ._hops import extensions
 from ._sse import ChunkReader
 from ._types import LlmCall
 
@@ -337,28 +338,6 @@ def _answer(content: bytes, url: str) -> BackendAnswer:
     return BackendAnswer(
         text, finish, prompt_tokens, completion_tokens, endpoint=url, **extensions(data)
     )
-
-
-def extensions(body: dict[str, Any]) -> dict[str, float | None]:
-    """chainrt's extension fields of a worker's answer (``confidence_score``, ``timings``);
-    a field that is absent or not a finite number in range is None."""
-    timings = body.get("timings")
-    if not isinstance(timings, dict):
-        timings = {}
-    return {
-        "confidence": _number(body.get("confidence_score"), 1.0),
-        "prefill_ms": _number(timings.get("prefill_ms"), math.inf),
-        "decode_ms": _number(timings.get("decode_ms"), math.inf),
-        "queue_ms": _number(timings.get("queue_ms"), math.inf),
-        "admission_ms": _number(timings.get("admission_ms"), math.inf),
-    }
-
-
-def _number(value: object, top: float) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if 0.0 <= number <= top and math.isfinite(number) else None
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import BackendError
 from ..wire import parse_error_body
 from ._backend import BackendAnswer
+from ._hops import extensions
 
 __all__ = ["ChunkReader"]
 
@@ -30,6 +31,8 @@ class ChunkReader:
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.extensions: dict[str, float | None] = {}
+        """chainrt's extension fields of the usage chunk (confidence, timings)."""
         self.done = False
 
     def feed(self, line: str) -> str | None:
@@ -65,6 +68,7 @@ class ChunkReader:
         if isinstance(usage, dict):
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self.extensions = extensions(chunk)
         choices = chunk.get("choices") or []
         if not choices:
             return None
@@ -96,4 +100,5 @@ class ChunkReader:
             self.prompt_tokens,
             self.completion_tokens,
             endpoint=self.url,
+            **self.extensions,
         )
