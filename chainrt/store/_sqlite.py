@@ -19,16 +19,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .._errors import CheckpointError, RunNotFound, StoreUnavailable
 from .._settings import get_settings
 from ._codec import (
     FINAL_STATUSES,
-    assemble_run,
     check_owner,
-    decode_progress,
-    decode_run,
     decode_step,
     encode,
     encode_trace,
@@ -41,113 +38,28 @@ from ._group import IterationGroup, Outcomes
 from ._keys import check_run_id
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+from ._sqlite_checkpoint import BACKSTOP_CHECKPOINT_PAGES, Checkpointer
 from ._sqlite_ro import connect_read_only, read_only_refusal
+from ._sqlite_schema import (
+    COMMIT_SQL,
+    DROP_EXPIRED_SQL,
+    GET_RUN_SQL,
+    LAYOUT_VERSION,
+    LIST_SQL,
+    LIST_STATUS_SQL,
+    PURGE_SQL,
+    SCHEMA,
+    UPSERT_STEP_SQL,
+    bring_layout,
+    read_layout_1,
+    run_from_row,
+)
 
 __all__ = ["SQLiteStore"]
 
 logger = logging.getLogger("chainrt.store")
 
-_LAYOUT_VERSION = 2  # PRAGMA user_version of the tables below (1: the record lived in runs)
 _PURGE_EVERY_S = 60.0  # create_run purges expired runs at most this often
-_CHECKPOINT_EVERY = 256  # write transactions between two background checkpoints
-_BACKSTOP_CHECKPOINT_PAGES = 16_000  # inline checkpoint only if the thread falls far behind
-
-# The run as created (spec, input: tens of KB for a long chain) sits in run_records, apart from
-# the few fields every commit changes: an UPDATE rewrites the whole row, and a commit that
-# rewrote the spec would cost more the longer the chain (issue 12, finding 15).
-_RUNS_TABLE = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    fencing_token INTEGER NOT NULL,
-    progress TEXT,                  -- RunProgress JSON of the latest commit
-    owner_host TEXT,
-    owner_pid INTEGER,
-    owner_expires_at REAL,
-    budget_total_ms REAL,           -- set by a commit that gives a new budget, else NULL
-    trace TEXT,                     -- set by a commit that gives new trace ids, else NULL
-    expires_at REAL                 -- set once the run is final: purged after this
-) WITHOUT ROWID"""
-_SCHEMA = (
-    _RUNS_TABLE,
-    "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC, run_id DESC)",
-    "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC, run_id DESC)",
-    "CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expires_at) WHERE expires_at IS NOT NULL",
-    """
-CREATE TABLE IF NOT EXISTS run_records (
-    run_id TEXT PRIMARY KEY,
-    record TEXT NOT NULL            -- RunRecord JSON as created, written once
-)""",
-    """
-CREATE TABLE IF NOT EXISTS steps (
-    run_id TEXT NOT NULL,
-    step_id TEXT NOT NULL,
-    record TEXT NOT NULL,           -- StepRecord JSON
-    PRIMARY KEY (run_id, step_id)
-) WITHOUT ROWID""",
-)
-# Layout 1 -> 2: the record column moves out of runs into run_records (rebuilding runs works on
-# every SQLite version, where DROP COLUMN needs 3.35). Its indexes go with the old table and
-# are made again by _SCHEMA.
-_MIGRATE_FROM_1 = (
-    "CREATE TABLE run_records (run_id TEXT PRIMARY KEY, record TEXT NOT NULL)",
-    "INSERT INTO run_records (run_id, record) SELECT run_id, record FROM runs",
-    "ALTER TABLE runs RENAME TO runs_layout_1",
-    _RUNS_TABLE,
-    "INSERT INTO runs SELECT run_id, status, created_at, updated_at, fencing_token, progress, "
-    "owner_host, owner_pid, owner_expires_at, budget_total_ms, trace, expires_at "
-    "FROM runs_layout_1",
-    "DROP TABLE runs_layout_1",
-)
-
-# Every query spells out "(expires_at IS NULL OR expires_at > ?)": a run past its TTL is gone
-# for readers at once, whether or not a purge has deleted its rows yet.
-_SELECT_RUN = (
-    "SELECT runs.run_id, status, fencing_token, run_records.record, progress, owner_host, "
-    "owner_pid, owner_expires_at, updated_at, budget_total_ms, trace FROM runs "
-    "JOIN run_records ON run_records.run_id = runs.run_id "
-)
-_GET_RUN_SQL = _SELECT_RUN + "WHERE runs.run_id = ? AND (expires_at IS NULL OR expires_at > ?)"
-_LIST_SQL = (
-    _SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) "
-    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
-)
-_LIST_STATUS_SQL = (
-    _SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) AND status = ? "
-    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
-)
-_COMMIT_SQL = (
-    "UPDATE runs SET status = ?, progress = ?, updated_at = ?, expires_at = ?, "
-    "budget_total_ms = coalesce(?, budget_total_ms), trace = coalesce(?, trace), "
-    "owner_host = CASE WHEN ? THEN NULL ELSE owner_host END, "
-    "owner_pid = CASE WHEN ? THEN NULL ELSE owner_pid END, "
-    "owner_expires_at = CASE WHEN ? THEN NULL ELSE owner_expires_at END "
-    "WHERE run_id = ? AND fencing_token = ? AND (expires_at IS NULL OR expires_at > ?)"
-)
-# At most 1000 runs per purge keeps one purge short on the event loop. The same subquery picks
-# the same runs in each statement (one transaction, one ``now``); runs goes last.
-_PURGE_SQL = (
-    "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs "
-    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
-    "DELETE FROM run_records WHERE run_id IN (SELECT run_id FROM runs "
-    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
-    "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs "
-    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
-)
-# A run past its TTL but not purged yet must not block a new run of the same id.
-_DROP_EXPIRED_SQL = (
-    "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
-    "AND expires_at <= ?)",
-    "DELETE FROM run_records WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
-    "AND expires_at <= ?)",
-    "DELETE FROM runs WHERE run_id = ? AND expires_at <= ?",
-)
-_UPSERT_STEP_SQL = (
-    "INSERT INTO steps (run_id, step_id, record) VALUES (?, ?, ?) "
-    "ON CONFLICT (run_id, step_id) DO UPDATE SET record = excluded.record"
-)
 
 
 class _Commit(NamedTuple):
@@ -194,23 +106,23 @@ class SQLiteStore(CheckpointStore):
         # wrapper running its own loop); the lock keeps each operation's transaction whole.
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer: Checkpointer | None = None
         self._last_purge = 0.0
         self._commits: IterationGroup[_Commit] = IterationGroup(self._write_commits)
         if self.read_only and self.path is not None:
             self._conn = connect_read_only(
                 self.path,
-                ";".join(_SCHEMA) + ";",
+                ";".join(SCHEMA) + ";",
                 url=self.url,
-                layout_version=_LAYOUT_VERSION,
+                layout_version=LAYOUT_VERSION,
                 busy_timeout_s=busy_timeout_s,
             )
             with self._guard():
-                _read_layout_1(self._conn)
+                read_layout_1(self._conn)
             return
         self._conn = self._open()
         if self.path is not None:
-            self._checkpointer = _Checkpointer(self.path)
+            self._checkpointer = Checkpointer(self.path)
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -223,7 +135,7 @@ class SQLiteStore(CheckpointStore):
         owner = run.owner
         expires_at = now + self.record_ttl_s if run.status in FINAL_STATUSES else None
         with self._transaction() as conn:
-            for sql in _DROP_EXPIRED_SQL:
+            for sql in DROP_EXPIRED_SQL:
                 conn.execute(sql, (run_id, now))
             try:
                 conn.execute(
@@ -261,10 +173,10 @@ class SQLiteStore(CheckpointStore):
     async def get_run(self, run_id: str) -> RunRecord:
         """Load a run. RunNotFound if absent (or expired), CorruptRecord if unreadable."""
         with self._transaction(write=False) as conn:
-            row = conn.execute(_GET_RUN_SQL, (check_run_id(run_id), time.time())).fetchone()
+            row = conn.execute(GET_RUN_SQL, (check_run_id(run_id), time.time())).fetchone()
         if row is None:
             raise self._not_found(run_id)
-        return self._assemble(row)
+        return run_from_row(row, self.url)
 
     async def get_steps(self, run_id: str) -> dict[str, StepRecord]:
         """All step records of a run, by step id. RunNotFound if the run is absent."""
@@ -323,7 +235,7 @@ class SQLiteStore(CheckpointStore):
             for c in commits:
                 release = c.release
                 cursor = conn.execute(
-                    _COMMIT_SQL,
+                    COMMIT_SQL,
                     (
                         c.status,
                         c.progress,
@@ -343,7 +255,7 @@ class SQLiteStore(CheckpointStore):
                     outcomes.append(self._why_not_written(conn, c.run_id, c.token, now))
                     continue
                 if c.step is not None:
-                    conn.execute(_UPSERT_STEP_SQL, (c.run_id, *c.step))
+                    conn.execute(UPSERT_STEP_SQL, (c.run_id, *c.step))
                 outcomes.append(None)
         return outcomes
 
@@ -395,13 +307,13 @@ class SQLiteStore(CheckpointStore):
         now = time.time()
         with self._transaction(write=False) as conn:
             if status is None:
-                rows = conn.execute(_LIST_SQL, (now, limit)).fetchall()
+                rows = conn.execute(LIST_SQL, (now, limit)).fetchall()
             else:
-                rows = conn.execute(_LIST_STATUS_SQL, (now, status, limit)).fetchall()
+                rows = conn.execute(LIST_STATUS_SQL, (now, status, limit)).fetchall()
         runs = []
         for row in rows:
             try:
-                runs.append(self._assemble(row))
+                runs.append(run_from_row(row, self.url))
             except CheckpointError as exc:
                 logger.warning("list_runs skips run %r: %s", row[0], exc)
         return runs
@@ -438,36 +350,11 @@ class SQLiteStore(CheckpointStore):
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            # Checkpoints run on the _Checkpointer's thread; this is only the backstop.
-            conn.execute(f"PRAGMA wal_autocheckpoint = {_BACKSTOP_CHECKPOINT_PAGES}")
-            self._bring_layout(conn)
+            # Checkpoints run on the Checkpointer's thread; this is only the backstop.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_CHECKPOINT_PAGES}")
+            bring_layout(conn, self.url)
         self._purge()
         return conn
-
-    def _bring_layout(self, conn: sqlite3.Connection) -> None:
-        """Create the tables, or bring an older layout up to this one, in one write transaction.
-
-        The layout version is read inside the transaction: of several processes opening an old
-        file at once, the first migrates it and the others find it migrated.
-        """
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > _LAYOUT_VERSION:
-                raise CheckpointError(
-                    f"the SQLite store {self.url} was created by a newer chainrt (table layout "
-                    f"{version}, this one knows {_LAYOUT_VERSION}); upgrade chainrt"
-                )
-            migrate = _MIGRATE_FROM_1 if version == 1 else ()
-            for statement in (*migrate, *_SCHEMA):
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {_LAYOUT_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            conn.close()
-            raise
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
@@ -518,29 +405,8 @@ class SQLiteStore(CheckpointStore):
         now = time.time()
         self._last_purge = now
         with self._transaction() as conn:
-            for sql in _PURGE_SQL:
+            for sql in PURGE_SQL:
                 conn.execute(sql, (now,))
-
-    def _assemble(self, row: tuple[Any, ...]) -> RunRecord:
-        run_id, status, token, raw, raw_progress, host, pid, owner_expires_at, updated_at = row[:9]
-        where = f"{self.url} table runs"
-        base = decode_run(raw, run_id=run_id, where=where)
-        progress = None
-        if raw_progress is not None:
-            progress = decode_progress(raw_progress, run_id=run_id, where=where)
-        return assemble_run(
-            base,
-            status=status,
-            token=token,
-            progress=progress,
-            owner_host=host,
-            owner_pid=pid,
-            owner_expires_at=owner_expires_at,
-            updated_at=updated_at,
-            budget_total_ms=row[9],
-            trace=row[10],
-            where=where,
-        )
 
     def _why_not_written(
         self, conn: sqlite3.Connection, run_id: str, token: int, now: float, renewing: bool = False
@@ -560,63 +426,5 @@ class SQLiteStore(CheckpointStore):
         return not_found(run_id, self.url)
 
 
-def _read_layout_1(conn: sqlite3.Connection) -> None:
-    """A layout-1 file opened read-only cannot be migrated: a temporary view (in the connection's
-    own temp database, written nowhere) gives the queries the run_records table they read."""
-    if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
-        conn.execute("CREATE TEMP VIEW run_records AS SELECT run_id, record FROM main.runs")
-
-
 def _default_ttl() -> float:
     return get_settings().record_ttl_s
-
-
-class _Checkpointer:
-    """Copies the write-ahead log into the database file, on a thread of its own.
-
-    A checkpoint fsyncs. Run inline (SQLite's autocheckpoint) it stalls the committing call, and
-    with it the event loop, for milliseconds every few hundred commits. Here it runs beside the
-    loop (sqlite3 releases the GIL while it works) in PASSIVE mode, which never blocks a writer.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._writes = 0
-        self._stopping = False
-        self._wake = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"chainrt-checkpoint-{path.name}", daemon=True
-        )
-        self._thread.start()
-
-    def wrote(self) -> None:
-        """Count one write transaction; wake the thread every ``_CHECKPOINT_EVERY``."""
-        self._writes += 1
-        if self._writes >= _CHECKPOINT_EVERY:
-            self._writes = 0
-            self._wake.set()
-
-    def stop(self) -> None:
-        """Stop the thread (waits for a checkpoint in progress)."""
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        try:
-            conn = sqlite3.connect(self._path, isolation_level=None)
-        except sqlite3.Error as exc:
-            logger.warning("no background checkpoints for %s: %s", self._path, exc)
-            return
-        try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopping:
-                    return
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:  # the inline backstop still bounds the log
-                    logger.warning("background checkpoint of %s failed: %s", self._path, exc)
-        finally:
-            conn.close()

@@ -1,0 +1,184 @@
+"""The SQLite checkpoint store's tables: their layout, its migrations, and the queries on them.
+
+``bring_layout`` creates the tables in a new file or migrates an older layout; the SQL the store
+runs lives here beside the tables it reads, so a layout change is made in one file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from .._errors import CheckpointError
+from ._codec import assemble_run, decode_progress, decode_run
+from ._records import RunRecord
+
+__all__ = [
+    "COMMIT_SQL",
+    "DROP_EXPIRED_SQL",
+    "GET_RUN_SQL",
+    "LAYOUT_VERSION",
+    "LIST_SQL",
+    "LIST_STATUS_SQL",
+    "PURGE_SQL",
+    "SCHEMA",
+    "UPSERT_STEP_SQL",
+    "bring_layout",
+    "read_layout_1",
+    "run_from_row",
+]
+
+LAYOUT_VERSION = 2  # PRAGMA user_version of the tables below (1: the record lived in runs)
+
+# The run as created (spec, input: tens of KB for a long chain) sits in run_records, apart from
+# the few fields every commit changes: an UPDATE rewrites the whole row, and a commit that
+# rewrote the spec would cost more the longer the chain (issue 12, finding 15).
+RUNS_TABLE = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    progress TEXT,                  -- RunProgress JSON of the latest commit
+    owner_host TEXT,
+    owner_pid INTEGER,
+    owner_expires_at REAL,
+    budget_total_ms REAL,           -- set by a commit that gives a new budget, else NULL
+    trace TEXT,                     -- set by a commit that gives new trace ids, else NULL
+    expires_at REAL                 -- set once the run is final: purged after this
+) WITHOUT ROWID"""
+SCHEMA = (
+    RUNS_TABLE,
+    "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC, run_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC, run_id DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expires_at) WHERE expires_at IS NOT NULL",
+    """
+CREATE TABLE IF NOT EXISTS run_records (
+    run_id TEXT PRIMARY KEY,
+    record TEXT NOT NULL            -- RunRecord JSON as created, written once
+)""",
+    """
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL,
+    step_id TEXT NOT NULL,
+    record TEXT NOT NULL,           -- StepRecord JSON
+    PRIMARY KEY (run_id, step_id)
+) WITHOUT ROWID""",
+)
+# Layout 1 -> 2: the record column moves out of runs into run_records (rebuilding runs works on
+# every SQLite version, where DROP COLUMN needs 3.35). Its indexes go with the old table and
+# are made again by SCHEMA.
+MIGRATE_FROM_1 = (
+    "CREATE TABLE run_records (run_id TEXT PRIMARY KEY, record TEXT NOT NULL)",
+    "INSERT INTO run_records (run_id, record) SELECT run_id, record FROM runs",
+    "ALTER TABLE runs RENAME TO runs_layout_1",
+    RUNS_TABLE,
+    "INSERT INTO runs SELECT run_id, status, created_at, updated_at, fencing_token, progress, "
+    "owner_host, owner_pid, owner_expires_at, budget_total_ms, trace, expires_at "
+    "FROM runs_layout_1",
+    "DROP TABLE runs_layout_1",
+)
+
+# Every query spells out "(expires_at IS NULL OR expires_at > ?)": a run past its TTL is gone
+# for readers at once, whether or not a purge has deleted its rows yet.
+SELECT_RUN = (
+    "SELECT runs.run_id, status, fencing_token, run_records.record, progress, owner_host, "
+    "owner_pid, owner_expires_at, updated_at, budget_total_ms, trace FROM runs "
+    "JOIN run_records ON run_records.run_id = runs.run_id "
+)
+GET_RUN_SQL = SELECT_RUN + "WHERE runs.run_id = ? AND (expires_at IS NULL OR expires_at > ?)"
+LIST_SQL = (
+    SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) "
+    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
+)
+LIST_STATUS_SQL = (
+    SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) AND status = ? "
+    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
+)
+COMMIT_SQL = (
+    "UPDATE runs SET status = ?, progress = ?, updated_at = ?, expires_at = ?, "
+    "budget_total_ms = coalesce(?, budget_total_ms), trace = coalesce(?, trace), "
+    "owner_host = CASE WHEN ? THEN NULL ELSE owner_host END, "
+    "owner_pid = CASE WHEN ? THEN NULL ELSE owner_pid END, "
+    "owner_expires_at = CASE WHEN ? THEN NULL ELSE owner_expires_at END "
+    "WHERE run_id = ? AND fencing_token = ? AND (expires_at IS NULL OR expires_at > ?)"
+)
+# At most 1000 runs per purge keeps one purge short on the event loop. The same subquery picks
+# the same runs in each statement (one transaction, one ``now``); runs goes last.
+PURGE_SQL = (
+    "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
+    "DELETE FROM run_records WHERE run_id IN (SELECT run_id FROM runs "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
+    "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
+)
+# A run past its TTL but not purged yet must not block a new run of the same id.
+DROP_EXPIRED_SQL = (
+    "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
+    "AND expires_at <= ?)",
+    "DELETE FROM run_records WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
+    "AND expires_at <= ?)",
+    "DELETE FROM runs WHERE run_id = ? AND expires_at <= ?",
+)
+UPSERT_STEP_SQL = (
+    "INSERT INTO steps (run_id, step_id, record) VALUES (?, ?, ?) "
+    "ON CONFLICT (run_id, step_id) DO UPDATE SET record = excluded.record"
+)
+
+
+def bring_layout(conn: sqlite3.Connection, url: str) -> None:
+    """Create the tables, or bring an older layout up to this one, in one write transaction.
+
+    The layout version is read inside the transaction: of several processes opening an old
+    file at once, the first migrates it and the others find it migrated.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > LAYOUT_VERSION:
+            raise CheckpointError(
+                f"the SQLite store {url} was created by a newer chainrt (table layout "
+                f"{version}, this one knows {LAYOUT_VERSION}); upgrade chainrt"
+            )
+        migrate = MIGRATE_FROM_1 if version == 1 else ()
+        for statement in (*migrate, *SCHEMA):
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.rollback()
+        conn.close()
+        raise
+
+
+def read_layout_1(conn: sqlite3.Connection) -> None:
+    """A layout-1 file opened read-only cannot be migrated: a temporary view (in the connection's
+    own temp database, written nowhere) gives the queries the run_records table they read."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+        conn.execute("CREATE TEMP VIEW run_records AS SELECT run_id, record FROM main.runs")
+
+
+def run_from_row(row: tuple[Any, ...], url: str) -> RunRecord:
+    """The run in one row of a ``SELECT_RUN`` query (``url`` names the store in errors)."""
+    run_id, status, token, raw, raw_progress, host, pid, owner_expires_at, updated_at = row[:9]
+    where = f"{url} table runs"
+    base = decode_run(raw, run_id=run_id, where=where)
+    progress = None
+    if raw_progress is not None:
+        progress = decode_progress(raw_progress, run_id=run_id, where=where)
+    return assemble_run(
+        base,
+        status=status,
+        token=token,
+        progress=progress,
+        owner_host=host,
+        owner_pid=pid,
+        owner_expires_at=owner_expires_at,
+        updated_at=updated_at,
+        budget_total_ms=row[9],
+        trace=row[10],
+        where=where,
+    )
