@@ -1,0 +1,267 @@
+"""The Redis store's connection: its client, cluster detection, retries and error mapping.
+
+``RedisConnection`` is the base of ``RedisStore``. The URL may name one Redis server or any node
+of a Redis Cluster: the first call finds out which (see ``_cluster``) and, on a cluster, switches
+to the cluster client. ``_call`` retries transient errors (a lost connection, a restart, a
+failover; on a cluster also ``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) within
+``retry_for_s`` and turns every redis-py error into a one-line chainrt error naming the store.
+``_script`` runs one of the store's Lua scripts, reloading it after ``NOSCRIPT``, and with
+``wait_replicas`` waits for the replicas in the same round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random
+
+from .._errors import CheckpointError, CorruptRecord, StoreUnavailable
+from ._cluster import (
+    CLUSTER_TRANSIENT,
+    close_client,
+    cluster_client,
+    is_cluster,
+    is_cluster_transient,
+)
+from ._keys import SCRIPTS
+
+__all__ = ["RedisConnection", "one_line"]
+
+_T = TypeVar("_T")
+
+# Errors after which the same command may well succeed a moment later (a restart, a failover,
+# a dataset still loading). AuthenticationError is a ConnectionError too, but never transient.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    rx.ConnectionError,
+    rx.TimeoutError,
+    rx.ReadOnlyError,
+    rx.TryAgainError,
+    TimeoutError,
+    OSError,
+    *CLUSTER_TRANSIENT,  # MOVED/ASK, TRYAGAIN, CLUSTERDOWN: a resharding or a failover
+)
+_AUTH: tuple[type[BaseException], ...] = (rx.AuthenticationError, rx.AuthorizationError)
+# Caught to be looked at (_is_transient): a cluster client's "cannot be connected" is transient.
+_RETRIED: tuple[type[BaseException], ...] = (*_TRANSIENT, rx.RedisClusterException)
+
+
+class RedisConnection:
+    """A lazily connected Redis (or Redis Cluster) client with retries, for ``RedisStore``.
+
+    The subclass sets these attributes in its ``__init__`` before any call.
+    """
+
+    url: str
+    cluster: bool | None
+    retry_for_s: float
+    wait_replicas: int
+    _client_url: str
+    _socket_timeout_s: float
+    _wait_timeout_ms: int
+    _redis: Any
+    _loop: asyncio.AbstractEventLoop | None
+    _closed: bool
+
+    def _new_client(self) -> Any:
+        # redis-py's own retries are off: _call retries with one deadline for the whole call.
+        options: dict[str, Any] = {
+            "retry": Retry(NoBackoff(), 0),
+            "socket_timeout": self._socket_timeout_s,
+            "socket_connect_timeout": min(self._socket_timeout_s, 1.0),
+        }
+        try:
+            if self.cluster:
+                return cluster_client(self._client_url, **options)
+            client = aioredis.Redis.from_url(self._client_url, **options)
+            # Builds (does not connect) one connection: an unknown ?option fails here, now,
+            # rather than as a TypeError at the first commit.
+            client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"invalid Redis store URL {self.url!r}: {exc}") from None
+        return client
+
+    async def _connect(self) -> None:
+        """Find out whether the URL names a cluster node; on a cluster, use the cluster client.
+
+        The question goes over a connection of its own, closed at once. Calls that start
+        together each ask, and each readies a cluster client (slot map read) before it returns;
+        the first one ready is kept. redis-py's cluster client is not safe to initialise from
+        many tasks at once, so no call uses it before it is ready.
+        """
+        if self.cluster is not None:
+            return
+        probe = aioredis.Redis.from_url(
+            self._client_url,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=self._socket_timeout_s,
+            socket_connect_timeout=min(self._socket_timeout_s, 1.0),
+        )
+        try:
+            found = await is_cluster(probe)
+        finally:
+            await probe.aclose()
+        if not found:
+            self.cluster = False
+            return
+        self.cluster = True  # _new_client builds a cluster client (or refuses a db other than 0)
+        try:
+            client = self._new_client()
+        finally:
+            self.cluster = None
+        try:
+            await client.initialize()
+        except BaseException:
+            await close_client(client)
+            raise
+        if self.cluster is None:
+            self._redis, self.cluster = client, True  # the single-node one never connected
+        else:
+            await close_client(client)  # another call was ready first
+
+    @property
+    def _client(self) -> Any:
+        """The client of the running event loop."""
+        if self._closed:
+            raise CheckpointError(f"the store {self.url} is closed")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Connections belong to the loop that opened them. A store used from a new loop
+            # (the sync API runs one asyncio.run per call) gets a fresh pool; the old loop is
+            # gone, so its sockets are left to the garbage collector.
+            if self._loop is not None:
+                self._redis = self._new_client()
+            self._loop = loop
+        return self._redis
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        script = SCRIPTS[name]
+        if self.wait_replicas and name != "renew":
+            return await self._call(lambda: self._script_and_wait(name, keys, args), key=keys[0])
+
+        async def run() -> Any:
+            try:
+                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            except rx.NoScriptError:
+                # The server lost its script cache (restart, failover): NOSCRIPT means the
+                # script did not run, so loading it and sending again is safe.
+                await self._client.script_load(script.source)
+                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+
+        return await self._call(run, key=keys[0])
+
+    async def _script_and_wait(
+        self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """The script, then ``WAIT`` on the same connection (WAIT counts the replicas that have
+        this connection's writes): one round trip. Fewer replicas in time is a transient error."""
+        script, client = SCRIPTS[name], self._client
+        wait_args = ("WAIT", self.wait_replicas, self._wait_timeout_ms)
+        # On a cluster, WAIT has no key: send it to the master of the run's slot, so that it
+        # travels in the same batch, on the same connection, as the script.
+        target = {}
+        if self.cluster:
+            await client.initialize()  # the slot map (a no-op once read)
+            target = {"target_nodes": client.get_node_from_key(keys[0])}
+        for source in (None, script.source):  # EVALSHA; after NOSCRIPT, EVAL (loads it too)
+            async with client.pipeline(transaction=False) as pipe:
+                # execute_command: redis-py's cluster pipeline refuses its evalsha/eval methods
+                # (their keys could span slots); these keys are all in the run's slot.
+                if source is None:
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                else:
+                    pipe.execute_command("EVAL", source, len(keys), *keys, *args)
+                pipe.execute_command(*wait_args, **target)
+                reply, acked = await pipe.execute(raise_on_error=False)
+            if not isinstance(reply, rx.NoScriptError):
+                break
+        for result in (reply, acked):
+            if isinstance(result, BaseException):
+                raise result
+        if int(acked) < self.wait_replicas:
+            raise _NotReplicated(
+                f"the write reached {acked} of {self.wait_replicas} replicas within "
+                f"{self._wait_timeout_ms} ms (wait_replicas)"
+            )
+        return reply
+
+    async def _call(self, fn: Callable[[], Awaitable[_T]], *, key: str = "") -> _T:
+        """Run ``fn``; retry transient errors until ``retry_for_s`` passes; map the errors."""
+        try:
+            try:
+                if self.cluster is None:
+                    await self._connect()
+                return await fn()
+            except _AUTH:
+                raise
+            except _RETRIED as exc:
+                if self.retry_for_s <= 0 or not _is_transient(exc):
+                    raise
+            # The slow path: only entered after a failure, so the fast path pays nothing.
+            retrying = AsyncRetrying(
+                stop=stop_after_delay(self.retry_for_s),
+                wait=wait_random(0.02, 0.1),
+                retry=retry_if_exception(_is_transient),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    if self.cluster is None:
+                        await self._connect()
+                    return await fn()
+            raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        except _AUTH as exc:
+            raise StoreUnavailable(
+                f"cannot log in to the Redis store {self.url}: {one_line(exc)}; check the "
+                "password (and user) in the store URL",
+                retryable=False,
+            ) from None
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc) from None
+        except rx.RedisClusterException as exc:
+            if is_cluster_transient(exc):
+                raise self._unavailable(exc) from None
+            raise CheckpointError(
+                f"the Redis Cluster store {self.url} refused a command: {one_line(exc)}"
+            ) from None
+        except rx.ResponseError as exc:
+            raise self._refused(exc, key) from None
+
+    def _refused(self, exc: rx.ResponseError, key: str) -> CheckpointError:
+        """The error of a command Redis refused (WRONGTYPE: something else wrote ``key``)."""
+        if str(exc).startswith("WRONGTYPE"):
+            return CorruptRecord(
+                f"the key {key} in {self.url} holds another type of value than a "
+                "checkpoint store writes; something else wrote to it. Delete it or use "
+                "another key prefix"
+            )
+        return CheckpointError(f"the Redis store {self.url} refused a command: {one_line(exc)}")
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        what = "Redis Cluster" if self.cluster else "Redis"
+        return StoreUnavailable(
+            f"the {what} store {self.url} is unreachable ({one_line(exc)}); gave up after "
+            f"{self.retry_for_s:g}s of retries. Check that {what} is up, then try again"
+        )
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, _AUTH):
+        return False
+    return isinstance(exc, _TRANSIENT) or is_cluster_transient(exc)
+
+
+class _NotReplicated(rx.TimeoutError):
+    """A write that fewer replicas than ``wait_replicas`` acknowledged in time (retried: the
+    scripts are idempotent, and the next WAIT counts the same write again)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one short line, for an error message."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
