@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute
 from .._durations import parse_duration_ms
 from .._errors import ChainRTError, CheckpointError, InputError, RunNotFound, StoreUnavailable
 from ..store._records import RunRecord
+from ._detail import run_detail
 from ._metrics import ServeMetrics
 from ._models import (
     ChainInfo,
@@ -161,14 +162,32 @@ def create_app(
         result = await service.result(run_id, wait_s)
         return result.model_dump(mode="json")
 
+    @app.get("/v1/runs/{run_id}/record", responses=_ERRORS)
+    async def get_record(run_id: str) -> dict[str, Any]:
+        """The run with what the dashboard draws: its input, trace link, the chain's steps in
+        order (optional ones marked) and each written step's record (times, attempts, waits,
+        output), as ``chainrt inspect --json``."""
+        store = service.runtime.store
+        record = await store.get_run(run_id)
+        steps = await store.get_steps(run_id)
+        return run_detail(record, steps, service.runtime.hooks)
+
     @app.get("/v1/runs", response_model=list[RunSummary])
     async def list_runs(
         status: str | None = Query(None, description="Only runs with this status."),
         chain: str | None = Query(None, description="Only runs of this chain."),
         limit: int = Query(50, ge=1, le=1000),
+        run_id: str | None = Query(None, description="Only the run with this id (a search)."),
     ) -> list[RunSummary]:
         """Runs, newest first."""
         store = service.runtime.store
+        if run_id is not None:
+            try:
+                found = await store.get_run(run_id)
+            except RunNotFound:
+                return []
+            keep = (status is None or found.status == status) and chain in (None, found.chain)
+            return [_summary(found)] if keep else []
         wanted: Any = status
         runs = await store.list_runs(status=wanted, limit=limit if chain is None else 1000)
         if chain is not None:

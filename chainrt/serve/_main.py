@@ -18,6 +18,7 @@ import uvicorn
 from ._app import create_app
 from ._models import ServeConfig
 from ._service import Service
+from ._ui import dashboard_routes
 
 __all__ = ["serve"]
 
@@ -32,7 +33,7 @@ class _Server(uvicorn.Server):
 async def serve(config: ServeConfig) -> None:
     """Serve until SIGTERM or SIGINT, then drain and stop."""
     service = Service(config)
-    app = create_app(service, manage=False)
+    app = create_app(service, routes=dashboard_routes(), manage=False)
     await service.start()
     server = _Server(
         uvicorn.Config(

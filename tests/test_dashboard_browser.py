@@ -1,0 +1,328 @@
+"""The dashboard (``/ui/``) in a real headless Chromium, against a real ``chainrt serve`` on Redis
+and a real worker (the in-process local model) answering for the fallback model.
+
+Runs made once for the module: completed (``steps``), partial with a fallback (``agent``: its
+primary model's endpoint refuses connections, its budget ends in the second step), running
+(``solo`` holding the key ``solo`` for minutes, its input carrying ``<script>``) and rejected
+(a second ``solo`` run that cannot get the key in its 300 ms). Tests that change a run (cancel,
+resume) make their own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from worker_fixtures import WorkerProcess, free_port
+
+from chainrt.testing.redis_server import RedisServer
+from chainrt.testing.serve_process import ServeProcess
+
+CHROMIUM = "/usr/bin/chromium"
+CHAINS = Path(__file__).parent / "data" / "dashboard"
+XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (scripts/setup installs Debian's chromium)",
+    ),
+]
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (the dev extra has it)"
+)
+expect = sync_api.expect
+
+
+def wait_status(server: ServeProcess, run_id: str, wanted: set[str], within_s: float = 60) -> Any:
+    """Poll the API until the run has one of ``wanted`` statuses (a generous wait, not a timing)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        run = server.get(f"/v1/runs/{run_id}").json()
+        if run["status"] in wanted:
+            return run
+        assert time.monotonic() < deadline, f"{run_id} still {run['status']}, wanted {wanted}"
+        time.sleep(0.05)
+
+
+def submit(
+    server: ServeProcess, chain: str, run_id: str, inputs: dict[str, Any], **kw: Any
+) -> None:
+    body = {"chain": chain, "input": inputs, "run_id": run_id, **kw}
+    answer = server.post("/v1/runs", json=body)
+    assert answer.status_code == 202, answer.text
+
+
+@pytest.fixture(scope="module")
+def server(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    worker = WorkerProcess(
+        "--engine", "local",
+        "--served-model-name", "smol",
+        "--health-interval", "300",
+        "--log-level", "warning",
+    ).start()  # fmt: skip
+    try:
+        pool = tmp_path_factory.mktemp("dashboard") / "pool.yaml"
+        nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens: connections are refused
+        pool.write_text(
+            "models:\n"
+            f"  primary: {{served_model: smol, endpoints: [{{url: '{nobody}'}}]}}\n"
+            f"  backup: {{served_model: smol, endpoints: [{{url: '{worker.base}'}}]}}\n"
+        )
+        env = {"CHAINRT_POOL": str(pool)}
+        with ServeProcess(store=redis_server.url, chains=CHAINS, drain="1s", env=env) as runner:
+            yield runner
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(server: ServeProcess) -> dict[str, str]:
+    submit(server, "steps", "done-1", {"a": 0.1, "b": 0.4, "c": 0.2})
+    wait_status(server, "done-1", {"completed"})
+    submit(server, "agent", "partial-1", {"q": "Say OK", "seconds": 1.0}, budget="2s")
+    wait_status(server, "partial-1", {"partial"})
+    submit(server, "solo", "running-1", {"seconds": 600.0, "label": XSS})
+    wait_status(server, "running-1", {"running"})
+    time.sleep(0.3)  # the holder takes the key as its run starts
+    submit(server, "solo", "rejected-1", {"seconds": 0.0, "label": "late"}, budget="300ms")
+    wait_status(server, "rejected-1", {"rejected"})
+    return {
+        "completed": "done-1",
+        "partial": "partial-1",
+        "running": "running-1",
+        "rejected": "rejected-1",
+    }
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM)
+        yield chromium
+        chromium.close()
+
+
+class Page:
+    """A browser page that records console errors and uncaught exceptions."""
+
+    def __init__(self, browser: Any, base: str, width: int = 1280) -> None:
+        self.base = base
+        self.errors: list[str] = []
+        self.page = browser.new_page(viewport={"width": width, "height": 900})
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.set_default_timeout(20_000)
+
+    def goto(self, path: str) -> Any:
+        self.page.goto(self.base + path)
+        return self.page
+
+    def shot(self, name: str) -> None:
+        """Save a screenshot under $CHAINRT_DASHBOARD_SHOTS (docs/img is made this way)."""
+        folder = os.environ.get("CHAINRT_DASHBOARD_SHOTS")
+        if folder:
+            self.page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+@pytest.fixture
+def page(browser: Any, server: ServeProcess) -> Iterator[Page]:
+    opened = Page(browser, server.url)
+    yield opened
+    errors = list(opened.errors)
+    opened.page.close()
+    assert errors == [], f"console errors: {errors}"
+
+
+def row_ids(page: Any) -> list[str]:
+    return list(
+        page.locator("#runs tbody tr").evaluate_all("rows => rows.map(r => r.dataset.runId)")
+    )
+
+
+def test_list_shows_runs_newest_first_and_filters(page: Page, runs: dict[str, str]) -> None:
+    p = page.goto("/ui/")
+    p.wait_for_selector("#runs tbody tr[data-run-id='rejected-1']")
+    assert row_ids(p) == ["rejected-1", "running-1", "partial-1", "done-1"]
+    for status, run_id in runs.items():
+        badge = p.locator(f"tr[data-run-id='{run_id}'] .status")
+        assert badge.inner_text() == status
+    page.shot("dashboard-list.png")
+
+    p.select_option("#status", "partial")
+    expect(p.locator("#runs tbody tr")).to_have_count(1)
+    assert row_ids(p) == ["partial-1"]
+    assert "status=partial" in p.url  # the filter is in the address, so it can be shared
+
+    p.select_option("#status", "")
+    p.select_option("#chain", "solo")
+    expect(p.locator("#runs tbody tr")).to_have_count(2)
+    assert row_ids(p) == ["rejected-1", "running-1"]
+
+    p.select_option("#chain", "")
+    p.fill("#search", "done-1")
+    expect(p.locator("#runs tbody tr")).to_have_count(1)
+    assert row_ids(p) == ["done-1"]
+    p.fill("#search", "no-such-run")
+    expect(p.locator("#message")).to_have_text("No run no-such-run.")
+    assert row_ids(p) == []
+
+    p.fill("#search", "")
+    p.click("tr[data-run-id='partial-1'] a")
+    p.wait_for_url("**/ui/runs/partial-1")
+    p.wait_for_selector("li.step[data-step='ask']")
+
+
+def test_list_is_live(page: Page, server: ServeProcess, runs: dict[str, str]) -> None:
+    p = page.goto("/ui/")
+    p.wait_for_selector("#runs tbody tr[data-run-id='done-1']")
+    submit(server, "steps", "live-1", {"a": 0.0, "b": 0.0, "c": 0.0})
+    p.wait_for_selector("#runs tbody tr[data-run-id='live-1'][data-status='completed']")
+    assert row_ids(p)[0] == "live-1"
+
+
+def test_waterfall_bars_are_proportional_to_elapsed(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
+    p = page.goto("/ui/runs/done-1")
+    p.wait_for_selector("body[data-stream='ended']")  # the last redraw is done
+    bars = p.locator(".bar-elapsed").evaluate_all(
+        "bars => bars.map(b => [b.closest('li').dataset.step, Number(b.dataset.elapsedMs),"
+        " b.getBoundingClientRect().width, b.getBoundingClientRect().left])"
+    )
+    by_step = {step: (elapsed, width, left) for step, elapsed, width, left in bars}
+    assert set(by_step) == {"first", "second", "third"}  # one bar per step that ran
+    # Widths in pixels over elapsed ms: one scale for every bar (a pixel of rounding each way).
+    scale = by_step["second"][1] / by_step["second"][0]
+    for elapsed, width, _ in by_step.values():
+        assert abs(width - elapsed * scale) <= 1.5
+    # One time axis: each bar starts at its step's recorded start, on the same scale.
+    records = server.get("/v1/runs/done-1/record").json()["records"]
+    origin = records["first"]["started_at"]
+    for step in ("second", "third"):
+        offset_ms = (records[step]["started_at"] - origin) * 1000
+        assert abs(by_step[step][2] - by_step["first"][2] - offset_ms * scale) <= 1.5
+    assert by_step["first"][2] < by_step["second"][2] < by_step["third"][2]
+    skipped = p.locator("li.step[data-step='extra']")
+    assert skipped.get_attribute("data-status") == "skipped"
+    assert skipped.locator(".bar-elapsed").count() == 0
+    assert "optional" in skipped.inner_text()
+    assert p.locator("#status").inner_text() == "completed"
+    page.shot("dashboard-run.png")
+
+
+def test_attempts_mark_the_fallback_and_errors_show(page: Page, runs: dict[str, str]) -> None:
+    p = page.goto("/ui/runs/partial-1")
+    p.wait_for_selector("body[data-stream='ended']")
+    ask = p.locator("li.step[data-step='ask']")
+    attempts = ask.locator(".attempt")
+    assert attempts.count() == 2
+    first, second = attempts.nth(0).inner_text(), attempts.nth(1).inner_text()
+    assert "primary" in first
+    assert "connect" in first
+    assert "backup" in second
+    assert "fallback" in second
+    assert "ok" in second
+    assert attempts.nth(1).get_attribute("data-marks") == "fallback"
+    assert "answered by fallback backup" in ask.inner_text()
+    think = p.locator("li.step[data-step='think']")
+    assert think.get_attribute("data-status") == "timed_out"
+    assert "timed out" in p.locator("#error").inner_text()
+    assert p.locator("li.step[data-step='answer']").get_attribute("data-status") == "pending"
+    assert not p.locator("#resume-box").is_hidden()
+    assert p.locator("#cancel").is_hidden()
+
+
+def test_script_in_an_input_shows_as_text(page: Page, runs: dict[str, str]) -> None:
+    p = page.goto("/ui/runs/running-1")
+    p.wait_for_selector("li.step[data-step='nap'][data-status='running']")
+    assert "<script>window.__pwned = 1</script>" in p.locator("#input").inner_text()
+    assert p.evaluate("window.__pwned === undefined")
+    assert p.locator("#input script, #input img").count() == 0
+
+
+def test_cancel_button_cancels_a_running_run(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
+    submit(server, "steps", "to-cancel", {"a": 600.0, "b": 0.0, "c": 0.0})
+    wait_status(server, "to-cancel", {"running"})
+    p = page.goto("/ui/runs/to-cancel")
+    p.wait_for_selector("li.step[data-step='first'][data-status='running']")
+    dialogs: list[str] = []
+
+    def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    p.on("dialog", accept)
+    p.click("#cancel")
+    p.wait_for_selector("#status.s-cancelled")
+    assert dialogs == ["Cancel run to-cancel?"]
+    assert server.get("/v1/runs/to-cancel").json()["status"] == "cancelled"
+    assert p.locator("#cancel").is_hidden()
+
+
+def test_dismissed_confirmation_does_nothing(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
+    p = page.goto("/ui/runs/running-1")
+    p.wait_for_selector("#cancel:not([hidden])")
+    p.on("dialog", lambda dialog: dialog.dismiss())
+    p.click("#cancel")
+    p.wait_for_timeout(300)  # a cancel would be answered in well under this on the loopback
+    assert server.get("/v1/runs/running-1").json()["status"] == "running"
+
+
+def test_resume_button_finishes_a_partial_run(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
+    submit(server, "agent", "to-resume", {"q": "Say OK", "seconds": 1.0}, budget="2s")
+    wait_status(server, "to-resume", {"partial"})
+    p = page.goto("/ui/runs/to-resume")
+    p.wait_for_selector("#resume-box:not([hidden])")
+    p.on("dialog", lambda dialog: dialog.accept())
+    p.fill("#resume-budget", "30s")
+    p.click("#resume")
+    p.wait_for_selector("#status.s-completed", timeout=60_000)
+    final = server.get("/v1/runs/to-resume").json()
+    assert final["status"] == "completed"
+    assert final["budget"]["total_ms"] > 1000  # it was given the 30 s more
+    statuses = p.locator("li.step").evaluate_all("s => s.map(x => x.dataset.status)")
+    assert statuses == ["completed", "completed", "completed"]
+
+
+@pytest.mark.parametrize("path", ["/ui/", "/ui/runs/partial-1"])
+def test_phone_width_has_no_sideways_scroll(
+    browser: Any, server: ServeProcess, runs: dict[str, str], path: str
+) -> None:
+    phone = Page(browser, server.url, width=390)
+    p = phone.goto(path)
+    p.wait_for_selector("#runs tbody tr, li.step")
+    assert p.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    if path != "/ui/":
+        phone.shot("dashboard-run-phone.png")
+    p.close()
+    assert phone.errors == []
+
+
+def test_assets_are_served_from_the_package_only(server: ServeProcess) -> None:
+    page = httpx.get(f"{server.url}/ui/", timeout=10)
+    assert page.status_code == 200
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert "://" not in page.text  # nothing from another origin
+    assert httpx.get(f"{server.url}/ui/static/../_app.py", timeout=10).status_code == 404
+    assert httpx.get(f"{server.url}/ui/static/nope.js", timeout=10).status_code == 404
