@@ -128,6 +128,10 @@ class Heartbeat:
     When the store says another process took the run over (FencedOut), ``on_fenced`` is called
     once (the runner cancels its work) and the heartbeat stops. Store outages are tolerated until
     the lease would have expired.
+
+    Between renewals nothing runs: a timer on the loop starts each renewal as its own task. A
+    run shorter than ``ttl_s / 3`` therefore never creates a task, and stopping the heartbeat
+    does not suspend the run (issue 18: the heartbeat off the step and run paths).
     """
 
     def __init__(
@@ -143,27 +147,43 @@ class Heartbeat:
         self._token = token
         self._ttl_s = ttl_s
         self._on_fenced = on_fenced
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self.fenced = False
 
     def start(self) -> None:
         """Start renewing in the background."""
-        self._task = asyncio.create_task(self._loop(), name=f"chainrt-heartbeat-{self._run_id}")
+        self._schedule()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._ttl_s / 3)
-            try:
-                await self._store.renew(self._run_id, self._token, time.time() + self._ttl_s)
-            except FencedOut:
-                self.fenced = True
-                self._on_fenced()
-                return
-            except StoreUnavailable:
-                continue
+    def _schedule(self) -> None:
+        if not self._stopped:
+            self._timer = asyncio.get_running_loop().call_later(self._ttl_s / 3, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(
+            self._renew(), name=f"chainrt-heartbeat-{self._run_id}"
+        )
+
+    async def _renew(self) -> None:
+        try:
+            await self._store.renew(self._run_id, self._token, time.time() + self._ttl_s)
+        except FencedOut:
+            self.fenced = True
+            self._on_fenced()
+            return
+        except StoreUnavailable:
+            pass  # tolerated until the lease would have expired: the next renewal tries again
+        self._task = None
+        self._schedule()
 
     async def stop(self) -> None:
         """Stop renewing (the final commit releases the lease)."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -66,6 +66,7 @@ from ._trust import RecordTrust
 from .concurrency import Limiter
 from .dispatch import Dispatcher
 from .spec import ChainSpec, StepSpec, render_value, spec_from_dict
+from .spec._dump import spec_dump
 from .spec._models import INPUT_TYPES
 from .spec._roots import add_chain_root
 from .store._protocol import CheckpointStore
@@ -178,7 +179,7 @@ class Runner:
         record = RunRecord(
             run_id=run_id,
             chain=spec.name,
-            spec=spec.model_dump(mode="json", by_alias=True),
+            spec=spec_dump(spec),
             source=str(source_dir) if source_dir is not None else None,
             input=inputs,
             budget_total_ms=total,
