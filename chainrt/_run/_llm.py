@@ -59,6 +59,7 @@ def llm_call(step: StepSpec, scope: dict[str, Any], run_id: str) -> LlmCall:
         attempt_timeout_ms=step.attempt_timeout,
         keep_partial=step.on_timeout == "partial",
         shrink_on_memory_pressure=step.on_memory_pressure == "shrink",
+        low_confidence_below=None if step.verify is None else step.verify.below,
         run_id=run_id,
         step_id=step.id,
     )

@@ -80,8 +80,18 @@ class BreakerState:
 CLOSED = BreakerState()
 """A fresh breaker."""
 
-BREAKER_CLASSES: tuple[str, ...] = ("connect", "timeout", "5xx", "oom", "overloaded")
-"""Error classes that count against an endpoint (others, e.g. bad_output, count as answers)."""
+BREAKER_CLASSES: tuple[str, ...] = (
+    "connect",
+    "timeout",
+    "5xx",
+    "oom",
+    "overloaded",
+    "low_confidence",
+)
+"""Error classes that count against an endpoint (others, e.g. bad_output, count as answers).
+
+``low_confidence`` is not an error: it is an answer whose ``confidence_score`` fell below the
+step's ``verify.below`` (or the pool model's ``low_confidence_below``); the answer is still used."""
 
 DEFAULT_POLICIES: Mapping[str, BreakerPolicy] = {
     # A refused or dropped connection: the worker is gone; stop sending at once.
@@ -94,6 +104,9 @@ DEFAULT_POLICIES: Mapping[str, BreakerPolicy] = {
     "oom": BreakerPolicy(window=10, min_requests=3, failure_rate=0.5, cooldown_s=2.0),
     # 429: busy right now; trip only when nearly everything is refused, and briefly.
     "overloaded": BreakerPolicy(window=20, min_requests=10, failure_rate=0.8, cooldown_s=1.0),
+    # A model that mostly answers unsure (wrong weights, bad quantisation, drifted replica) does
+    # not recover within seconds: trip on a clear majority, and stay away for a while.
+    "low_confidence": BreakerPolicy(window=20, min_requests=5, failure_rate=0.5, cooldown_s=30.0),
 }
 """The policy of each breaker class unless the pool file overrides it."""
 

@@ -109,6 +109,7 @@ class HttpBackend(ModelBackend):
         resources: PoolResources,
         rng: Callable[[], float] = random.random,
         context_window: int | None = None,
+        low_confidence_below: float | None = None,
     ) -> None:
         self.model = model
         self.served_model = served_model
@@ -117,6 +118,7 @@ class HttpBackend(ModelBackend):
         self._rng = rng
         self._bases = {url: resources.register(url) for url, _ in self.endpoints}
         self._context_window = context_window
+        self._low_confidence_below = low_confidence_below
 
     def context_window(self) -> int | None:
         """The pool file's ``context_window`` for this model (None: not given)."""
@@ -175,7 +177,7 @@ class HttpBackend(ModelBackend):
                 )
                 finished = True
                 raise
-            table.finish(ticket, error_class=None, now=time.monotonic())
+            table.finish(ticket, error_class=self._verdict(call, answer), now=time.monotonic())
             finished = True
             return answer
         finally:
@@ -194,6 +196,16 @@ class HttpBackend(ModelBackend):
     async def close(self) -> None:
         """Stop the pool's health polling and close its client (shared: the first close does it)."""
         await self.resources.close()
+
+    def _verdict(self, call: LlmCall, answer: BackendAnswer) -> str | None:
+        """The breaker's view of an answer: ``low_confidence`` when it scored below the
+        threshold (the step's, else this model's), else None (a plain answer)."""
+        below = call.low_confidence_below
+        if below is None:
+            below = self._low_confidence_below
+        if below is None or answer.confidence is None or answer.confidence >= below:
+            return None
+        return "low_confidence"
 
     def _pick(self, avoid: frozenset[str]) -> Ticket:
         table = self.resources.table

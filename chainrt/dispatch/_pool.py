@@ -14,6 +14,8 @@
 
 A model may give ``context_window: 8192`` (tokens, prompt + answer): a request that cannot fit
 skips it (or has its ``max_tokens`` cut, for a step with ``on_memory_pressure: shrink``).
+A model may give ``low_confidence_below: 0.6``: its answers scored below that count against the
+endpoint's ``low_confidence`` breaker (a step's ``verify.below`` takes precedence).
 
 The file is read like a chain file (same safe YAML loader); every problem is one
 :class:`~chainrt.SpecError` naming ``file:line: field``. ``local`` stays the in-process model
@@ -100,6 +102,13 @@ class ModelConfig(_Strict):
         description="Tokens the model's context holds (prompt + answer); a request that cannot "
         "fit skips this model, or has its max_tokens cut with on_memory_pressure: shrink.",
     )
+    low_confidence_below: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="An answer whose confidence_score is below this counts as a low_confidence "
+        "outcome for the endpoint's breaker (a step's verify.below takes precedence).",
+    )
 
     @field_validator("endpoints")
     @classmethod
@@ -145,7 +154,7 @@ class BreakerConfig(_Strict):
         )
 
 
-BreakerClass = Literal["connect", "timeout", "5xx", "oom", "overloaded"]
+BreakerClass = Literal["connect", "timeout", "5xx", "oom", "overloaded", "low_confidence"]
 
 
 class PoolConfig(_Strict):
@@ -254,6 +263,7 @@ def pool_backends(config: PoolConfig) -> dict[str, ModelBackend]:
             [(e.url, e.capacity) for e in model.endpoints],
             resources=resources,
             context_window=model.context_window,
+            low_confidence_below=model.low_confidence_below,
         )
         for name, model in config.models.items()
     }

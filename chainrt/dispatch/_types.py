@@ -36,6 +36,9 @@ class LlmCall:
     """on_timeout: partial — return the text generated so far when the deadline hits."""
     shrink_on_memory_pressure: bool = False
     priority: Priority = "normal"
+    low_confidence_below: float | None = None
+    """An answer scored below this counts as a ``low_confidence`` outcome for the endpoint's
+    breaker (the step's ``verify.below``; None: the pool model's ``low_confidence_below``)."""
     run_id: str = ""
     step_id: str = ""
     traceparent: str | None = None
