@@ -187,6 +187,18 @@ def test_list_shows_runs_newest_first_and_filters(page: Page, runs: dict[str, st
     p.wait_for_selector("li.step[data-step='ask']")
 
 
+def test_older_runs_follows_the_cursor(page: Page, runs: dict[str, str]) -> None:
+    p = page.goto("/ui/?limit=2")
+    expect(p.locator("#runs tbody tr")).to_have_count(2)
+    first_page = row_ids(p)
+    p.click("#older")
+    expect(p.locator("#runs tbody tr")).to_have_count(4)
+    rows = row_ids(p)
+    assert rows[:2] == first_page
+    assert len(set(rows)) == 4  # the next page, not the first again
+    assert rows.index("rejected-1") < rows.index("running-1")  # still newest first
+
+
 def test_list_is_live(page: Page, server: ServeProcess, runs: dict[str, str]) -> None:
     p = page.goto("/ui/")
     p.wait_for_selector("#runs tbody tr[data-run-id='done-1']")

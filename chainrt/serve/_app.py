@@ -23,6 +23,7 @@ from .._durations import parse_duration_ms
 from .._errors import ChainRTError, CheckpointError, InputError, RunNotFound, StoreUnavailable
 from ..store._records import RunRecord
 from ._detail import run_detail
+from ._listing import BadCursor, list_page
 from ._metrics import ServeMetrics
 from ._models import (
     ChainInfo,
@@ -174,12 +175,17 @@ def create_app(
 
     @app.get("/v1/runs", response_model=list[RunSummary])
     async def list_runs(
+        response: Response,
         status: str | None = Query(None, description="Only runs with this status."),
         chain: str | None = Query(None, description="Only runs of this chain."),
         limit: int = Query(50, ge=1, le=1000),
         run_id: str | None = Query(None, description="Only the run with this id (a search)."),
+        cursor: str | None = Query(
+            None, description="The X-Next-Cursor header of the page before: the next page."
+        ),
     ) -> list[RunSummary]:
-        """Runs, newest first."""
+        """Runs, newest first. When there may be more, the ``X-Next-Cursor`` header holds the
+        ``cursor`` of the next page (keyset: it holds with any number of runs)."""
         store = service.runtime.store
         if run_id is not None:
             try:
@@ -188,10 +194,16 @@ def create_app(
                 return []
             keep = (status is None or found.status == status) and chain in (None, found.chain)
             return [_summary(found)] if keep else []
-        wanted: Any = status
-        runs = await store.list_runs(status=wanted, limit=limit if chain is None else 1000)
-        if chain is not None:
-            runs = [r for r in runs if r.chain == chain][:limit]
+        try:
+            runs, after = await list_page(
+                store, status=status, chain=chain, limit=limit, cursor=cursor
+            )
+        except BadCursor as exc:
+            raise RequestValidationError(
+                [{"loc": ("query", "cursor"), "msg": exc.message, "type": "value_error"}]
+            ) from None
+        if after is not None:
+            response.headers["X-Next-Cursor"] = after
         return [_summary(r) for r in runs]
 
     @app.get("/v1/chains", response_model=list[ChainInfo])

@@ -72,8 +72,16 @@ class CheckpointStore(abc.ABC):
         """Extend the owner lease; FencedOut if ``token`` is no longer current."""
 
     @abc.abstractmethod
-    async def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        """Runs, newest first, optionally only those with ``status``."""
+    async def list_runs(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 100,
+        *,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest first (``created_at``, then ``run_id``, both descending), optionally only
+        those with ``status``; with ``before`` (``created_at, run_id`` of a run), only the runs
+        after it in that order: keyset pages that hold however many runs the store keeps."""
 
     @abc.abstractmethod
     async def close(self) -> None:

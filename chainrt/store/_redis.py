@@ -266,11 +266,18 @@ class RedisStore(RedisConnection, CheckpointStore):
         reply = await self._script("renew", [self.keys.run(run_id)], [str(token), repr(expires_at)])
         self._check(reply, run_id, token, action="renew")
 
-    async def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+    async def list_runs(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 100,
+        *,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunRecord]:
         """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped.
 
         Walks the index newest first in pages; index entries whose run has expired are
-        dropped from the index on the way.
+        dropped from the index on the way. ``before`` (``created_at, run_id``) starts after
+        that run: at its rank in the sorted set (O(log N)), not by reading what comes first.
         """
         if limit < 0:
             raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
@@ -280,7 +287,7 @@ class RedisStore(RedisConnection, CheckpointStore):
         wanted = None if status is None else status.encode()
         runs: list[RunRecord] = []
         stale: list[bytes] = []
-        start = 0
+        start = 0 if before is None else await self._rank_after(before)
         while len(runs) < limit:
             ids = await self._index_page(start, page)
             if not ids:
@@ -332,6 +339,18 @@ class RedisStore(RedisConnection, CheckpointStore):
 
     async def _hgetall(self, key: str) -> dict[bytes, bytes]:
         return cast(dict[bytes, bytes], await self._client.hgetall(key))
+
+    async def _rank_after(self, before: tuple[float, str]) -> int:
+        """Where the runs after ``before`` start in the index, newest first. The index orders
+        equal scores by member, descending, as the SQLite store orders equal times by run id."""
+        created_at, run_id = float(before[0]), str(before[1])
+        index = self.keys.index
+        rank = await self._call(lambda: self._client.zrevrank(index, run_id))
+        if rank is not None:
+            return int(rank) + 1
+        # The run left the index (expired): start after every run newer than it.
+        newer = await self._call(lambda: self._client.zcount(index, f"({created_at!r}", "+inf"))
+        return int(newer)
 
     async def _index_page(self, start: int, size: int) -> list[bytes]:
         """Run ids of the index from ``start`` (0 = newest), at most ``size`` of them."""

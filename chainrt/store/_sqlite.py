@@ -45,7 +45,9 @@ from ._sqlite_schema import (
     DROP_EXPIRED_SQL,
     GET_RUN_SQL,
     LAYOUT_VERSION,
+    LIST_BEFORE_SQL,
     LIST_SQL,
+    LIST_STATUS_BEFORE_SQL,
     LIST_STATUS_SQL,
     PURGE_SQL,
     SCHEMA,
@@ -299,14 +301,29 @@ class SQLiteStore(CheckpointStore):
             if cursor.rowcount == 0:
                 raise self._why_not_written(conn, run_id, token, now, renewing=True)
 
-    async def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped."""
+    async def list_runs(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 100,
+        *,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped.
+        ``before`` (``created_at, run_id`` of the last run of the page before) starts after it,
+        on the index (no offset)."""
         if limit < 0:
             raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
         self._purge()
         now = time.time()
         with self._transaction(write=False) as conn:
-            if status is None:
+            if before is not None:
+                key = (float(before[0]), str(before[1]))
+                if status is None:
+                    rows = conn.execute(LIST_BEFORE_SQL, (now, *key, limit)).fetchall()
+                else:
+                    args = (now, status, *key, limit)
+                    rows = conn.execute(LIST_STATUS_BEFORE_SQL, args).fetchall()
+            elif status is None:
                 rows = conn.execute(LIST_SQL, (now, limit)).fetchall()
             else:
                 rows = conn.execute(LIST_STATUS_SQL, (now, status, limit)).fetchall()

@@ -18,7 +18,9 @@ __all__ = [
     "DROP_EXPIRED_SQL",
     "GET_RUN_SQL",
     "LAYOUT_VERSION",
+    "LIST_BEFORE_SQL",
     "LIST_SQL",
+    "LIST_STATUS_BEFORE_SQL",
     "LIST_STATUS_SQL",
     "PURGE_SQL",
     "SCHEMA",
@@ -94,6 +96,17 @@ LIST_SQL = (
 )
 LIST_STATUS_SQL = (
     SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) AND status = ? "
+    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
+)
+# Keyset pages: the runs after (older than) the last one of the page before, on the same index.
+LIST_BEFORE_SQL = (
+    SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) "
+    "AND (created_at, runs.run_id) < (?, ?) "
+    "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
+)
+LIST_STATUS_BEFORE_SQL = (
+    SELECT_RUN + "WHERE (expires_at IS NULL OR expires_at > ?) AND status = ? "
+    "AND (created_at, runs.run_id) < (?, ?) "
     "ORDER BY created_at DESC, runs.run_id DESC LIMIT ?"
 )
 COMMIT_SQL = (

@@ -144,9 +144,15 @@ class TracedStore(CheckpointStore):
         """Passed through."""
         await self.inner.renew(run_id, token, expires_at)
 
-    async def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+    async def list_runs(
+        self,
+        status: RunStatus | None = None,
+        limit: int = 100,
+        *,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunRecord]:
         """Passed through."""
-        return await self.inner.list_runs(status, limit)
+        return await self.inner.list_runs(status, limit, before=before)
 
     async def close(self) -> None:
         """Passed through."""

@@ -4,7 +4,8 @@
 "use strict";
 (function () {
   const { el, api, ms, when, statusBadge } = window.chainrt;
-  const PAGE = 50;
+  const asked = Number(new URLSearchParams(location.search).get("limit"));
+  const PAGE = Number.isInteger(asked) && asked >= 1 && asked <= 1000 ? asked : 50; // ?limit=
   const REFRESH_MS = 2000;
   const body = document.querySelector("#runs tbody");
   const message = document.getElementById("message");
@@ -46,6 +47,7 @@
 
   function syncUrl() {
     const params = new URLSearchParams();
+    if (PAGE !== 50) params.set("limit", String(PAGE));
     if (fields.status.value) params.set("status", fields.status.value);
     if (fields.chain.value) params.set("chain", fields.chain.value);
     if (fields.search.value.trim()) params.set("run_id", fields.search.value.trim());
