@@ -35,6 +35,9 @@ class StepSummary(BaseModel):
     degraded: dict[str, Any] | None = Field(
         default=None, description="The `degrade:` action that answered, e.g. {by: cache, age_s}."
     )
+    contradictions: list[str] | None = Field(
+        default=None, description="Contradictions found between the prompt and the answer."
+    )
 
 
 class BudgetSummary(BaseModel):
@@ -126,6 +129,7 @@ class RunResult(BaseModel):
                 confidence_score=rec.confidence_score,
                 verification_status=rec.verification_status,
                 degraded=rec.degraded,
+                contradictions=rec.contradictions,
             )
             for step_id in order
             if isinstance(step_id, str) and (rec := steps.get(step_id)) is not None

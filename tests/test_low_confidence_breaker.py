@@ -8,13 +8,11 @@ through the real dispatcher, pool file and store.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from chat_stub import ChatStub, serve
 
 import chainrt
 from chainrt import SpecError
@@ -23,79 +21,17 @@ from chainrt.dispatch._pool import parse_pool_config
 from chainrt.store import StepRecord, open_store
 
 
-class _Model(ThreadingHTTPServer):
-    """A chat-completions server answering ``answer`` with ``confidence``; counts requests."""
-
-    def __init__(self, answer: str, confidence: float) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.answer = answer
-        self.confidence = confidence
-        self.requests = 0
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        """The server's base URL."""
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Model
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length") or 0))
-        with self.server.lock:
-            self.server.requests += 1
-        body = json.dumps(
-            {
-                "id": "chatcmpl-x",
-                "object": "chat.completion",
-                "model": "m",
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": self.server.answer},
-                     "finish_reason": "stop"}
-                ],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-                "confidence_score": self.server.confidence,
-            }
-        ).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:  # /health/ready
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
-def _serve(answer: str, confidence: float) -> Iterator[_Model]:
-    server = _Model(answer, confidence)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+@pytest.fixture
+def unsure() -> Iterator[ChatStub]:
+    yield from serve("maybe", 0.2)
 
 
 @pytest.fixture
-def unsure() -> Iterator[_Model]:
-    yield from _serve("maybe", 0.2)
+def sure() -> Iterator[ChatStub]:
+    yield from serve("yes", 0.95)
 
 
-@pytest.fixture
-def sure() -> Iterator[_Model]:
-    yield from _serve("yes", 0.95)
-
-
-def _pool(tmp_path: Path, unsure: _Model, sure: _Model, primary_extra: str = "") -> str:
+def _pool(tmp_path: Path, unsure: ChatStub, sure: ChatStub, primary_extra: str = "") -> str:
     path = tmp_path / "pool.yaml"
     path.write_text(
         "models:\n"
@@ -132,7 +68,7 @@ async def _records(store: str, run_id: str) -> dict[str, StepRecord]:
 
 
 async def test_pool_threshold_opens_the_breaker_and_later_steps_skip_the_endpoint(
-    tmp_path: Path, unsure: _Model, sure: _Model
+    tmp_path: Path, unsure: ChatStub, sure: ChatStub
 ) -> None:
     pool = _pool(tmp_path, unsure, sure, ", low_confidence_below: 0.6")
     store = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -151,7 +87,7 @@ async def test_pool_threshold_opens_the_breaker_and_later_steps_skip_the_endpoin
 
 
 async def test_without_a_threshold_low_scores_do_not_count(
-    tmp_path: Path, unsure: _Model, sure: _Model
+    tmp_path: Path, unsure: ChatStub, sure: ChatStub
 ) -> None:
     result = await _chain(tmp_path, 4).arun(
         {}, run_id="lc-none", store=f"sqlite:///{tmp_path / 'runs.db'}",
@@ -164,7 +100,7 @@ async def test_without_a_threshold_low_scores_do_not_count(
 
 
 async def test_verify_below_is_the_threshold_and_wins_over_the_pool(
-    tmp_path: Path, unsure: _Model, sure: _Model
+    tmp_path: Path, unsure: ChatStub, sure: ChatStub
 ) -> None:
     # The pool says 0.1 (0.2 would be confident enough); the step's verify.below 0.6 decides.
     pool = _pool(tmp_path, unsure, sure, ", low_confidence_below: 0.1")

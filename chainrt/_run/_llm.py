@@ -19,6 +19,7 @@ from .._progress import NO_PROGRESS, STEP_PROGRESS
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall
 from ..spec import ChainSpec, StepSpec, render_value
 from ..store._answers import AnswerCache, answer_cache
+from ._contradiction import checked_outcome
 from ._degrade import degrade_outcome
 from ._step import StepOutcome
 from ._verify import verify_outcome
@@ -144,6 +145,7 @@ class LlmExecutor:
             if progress.wants_tokens:
                 call.on_token = functools.partial(progress.token, step_id)
         outcome, answer = await _answered(self.dispatcher, call, deadline)
+        outcome = checked_outcome(call, outcome, answer)
         outcome = await verify_outcome(self.dispatcher, step, call, outcome, answer, deadline)
         return await degrade_outcome(
             self.dispatcher, self.cache, step, call, outcome, answer, scope, run_id, deadline

@@ -46,6 +46,7 @@ class StepOutcome:
     confidence_score: float | None = None
     verification_status: Literal["match", "mismatch", "unverified"] | None = None
     degraded: dict[str, Any] | None = None
+    contradictions: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +167,7 @@ def step_record(
         confidence_score=outcome.confidence_score,
         verification_status=outcome.verification_status,
         degraded=outcome.degraded,
+        contradictions=outcome.contradictions,
     )
 
 

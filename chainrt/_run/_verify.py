@@ -22,6 +22,7 @@ from typing import Any
 
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall
 from ..spec import StepSpec
+from ._contradiction import find_contradictions, penalised, prompt_text
 from ._step import StepOutcome
 
 __all__ = ["normalise_text", "same_answer", "verify_outcome"]
@@ -97,13 +98,15 @@ async def verify_outcome(
                 f"{second.model} gave different answers"
             ),
         )
+    found = find_contradictions(prompt_text(call), second.text)
     return dataclasses.replace(
         base,
         output=_output(second.text, call.json_output),
         model=second.model,
         fallback=second.model,
         verification_status="mismatch",
-        confidence_score=second.confidence,
+        confidence_score=penalised(second.confidence, found),
+        contradictions=found or None,
     )
 
 

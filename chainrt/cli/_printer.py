@@ -181,6 +181,8 @@ def print_inspect(
             )
         if rec.confidence_score is not None or rec.verification_status or rec.degraded:
             print(f"       {_judged(rec)}", file=out)
+        if rec.contradictions:
+            print(f"       contradictions: {'; '.join(rec.contradictions)}", file=out)
         if rec.error:
             print(f"       error: {rec.error}", file=out)
         print(f"       output: {_short(rec.output, width)}", file=out)

@@ -100,6 +100,11 @@ class StepRecord(_Record):
         default=None,
         description="The `degrade:` action that answered: {by: cache, age_s}, {by: model}, ...",
     )
+    contradictions: list[str] | None = Field(
+        default=None,
+        description="What the answer states that its prompt does not support or denies (llm "
+        "steps; chainrt/_run/_contradiction.py).",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
