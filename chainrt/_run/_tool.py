@@ -35,18 +35,20 @@ from ._step import StepOutcome
 
 __all__ = ["ToolExecutor", "call_tool", "run_tool"]
 
-_CTX_CACHE: dict[Callable[..., Any], bool] = {}
+_SHAPE_CACHE: dict[Callable[..., Any], tuple[bool, bool]] = {}
 
 
-def _wants_ctx(fn: Callable[..., Any]) -> bool:
-    wants = _CTX_CACHE.get(fn)
-    if wants is None:
+def _shape(fn: Callable[..., Any]) -> tuple[bool, bool]:
+    """(takes ``ctx``, is a coroutine function) of a tool, worked out once per function."""
+    shape = _SHAPE_CACHE.get(fn)
+    if shape is None:
         try:
             wants = "ctx" in inspect.signature(fn).parameters
         except (TypeError, ValueError):
             wants = False
-        _CTX_CACHE[fn] = wants
-    return wants
+        shape = (wants, inspect.iscoroutinefunction(fn))
+        _SHAPE_CACHE[fn] = shape
+    return shape
 
 
 def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
@@ -77,9 +79,10 @@ def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future
 
 def call_tool(fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext) -> Awaitable[Any]:
     """Start one call of a tool: async tools on the loop, sync tools in a thread."""
-    if _wants_ctx(fn):
+    wants_ctx, is_async = _shape(fn)
+    if wants_ctx:
         kwargs = {**kwargs, "ctx": ctx}
-    if inspect.iscoroutinefunction(fn):
+    if is_async:
         coro: Awaitable[Any] = fn(**kwargs)
         return coro
     return _in_thread(fn, kwargs)
