@@ -46,3 +46,26 @@ def test_top_logprobs_is_a_log_softmax() -> None:
     assert top_logprobs([5.0], k=5) == pytest.approx([0.0])
     with pytest.raises(ValueError):
         top_logprobs([])
+
+
+class _Logprob:
+    """vLLM's ``Logprob`` as the engine reads it (``.logprob`` only)."""
+
+    def __init__(self, logprob: float) -> None:
+        self.logprob = logprob
+
+
+def test_vllm_positions_give_each_tokens_top_k() -> None:
+    from workers.engines._vllm_support import token_top_logprobs
+
+    # Position 1: the top 5 plus the sampled token (id 9) outside them: 6 entries, 5 kept.
+    first = {i: _Logprob(LN(p)) for i, p in enumerate([0.5, 0.2, 0.1, 0.05, 0.04])}
+    first[9] = _Logprob(LN(0.01))
+    second = {3: _Logprob(0.0), 4: _Logprob(-math.inf)}
+    tops = token_top_logprobs([first, None, second])
+    assert [len(t) for t in tops] == [5, 2]
+    assert tops[0] == sorted(tops[0], reverse=True)
+    assert tops[0][-1] == pytest.approx(LN(0.04))
+    assert tops[1] == [0.0, -math.inf]
+    assert confidence_score(tops) is not None
+    assert token_top_logprobs(None) == []

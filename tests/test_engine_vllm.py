@@ -254,3 +254,21 @@ async def test_killed_engine_core_is_rebuilt_in_this_process(engine: VllmEngine)
     gone, alive = psutil.wait_procs(old_tree, timeout=10)
     assert not alive
     assert len(gone) == len(old_tree)
+
+
+async def test_confidence_score_and_hops_come_from_vllm_logprobs(engine: VllmEngine) -> None:
+    question = "What is the capital of France?"
+    sure = await engine.generate(chat(question, max_tokens=8))
+    assert sure.completion_tokens > 0
+    assert sure.confidence is not None
+    assert 0.0 < sure.confidence <= 1.0
+    assert sure.prefill_ms is not None
+    assert sure.prefill_ms > 0.0
+    assert sure.decode_ms is not None
+    # Streaming reports the same score: temperature 0 gives the same tokens and distributions.
+    results = [d.result async for d in engine.stream(chat(question, max_tokens=8)) if d.result]
+    assert results[0].text == sure.text
+    assert results[0].confidence == pytest.approx(sure.confidence, abs=1e-3)
+    # No generated token, no score.
+    late = await engine.generate(chat(question, max_tokens=8, deadline=time.time() - 1))
+    assert late.confidence is None

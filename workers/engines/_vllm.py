@@ -38,6 +38,7 @@ from ._base import (
     MemoryStats,
     StreamDelta,
 )
+from ._confidence import TOP_K, confidence_score
 from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
 from ._vllm_support import (
     DTYPE_BYTES,
@@ -47,6 +48,7 @@ from ._vllm_support import (
     is_oom,
     raise_native_oom,
     shutdown_llm,
+    token_top_logprobs,
 )
 
 __all__ = ["VllmEngine"]
@@ -278,8 +280,11 @@ class VllmEngine(Engine):
             )
         outputs = llm.generate({"prompt_token_ids": ids}, params, rid, priority=request.priority)
         text: list[str] = []
+        tops: list[list[float]] = []
         completion = 0
         vllm_reason: str | None = None
+        started = time.perf_counter()
+        first: float | None = None
         try:
             # Injected faults surface where vLLM's own OOM reaches us: inside the output loop.
             if self.faults.take_oom():
@@ -287,6 +292,9 @@ class VllmEngine(Engine):
             async for out in outputs:
                 piece = out.outputs[0]
                 completion += len(piece.token_ids)
+                if first is None and piece.token_ids:
+                    first = time.perf_counter()
+                tops.extend(token_top_logprobs(piece.logprobs))
                 if piece.text:
                     text.append(piece.text)
                     yield StreamDelta(piece.text)
@@ -301,7 +309,17 @@ class VllmEngine(Engine):
                 timer.cancel()
             await outputs.aclose()  # aborts the request in vLLM if it is still running
         reason = finish_reason(vllm_reason, deadline_hit.is_set())
-        yield StreamDelta("", GenerationResult("".join(text), reason, len(ids), completion))
+        ended = time.perf_counter()
+        result = GenerationResult(
+            "".join(text),
+            reason,
+            len(ids),
+            completion,
+            confidence=confidence_score(tops),
+            prefill_ms=None if first is None else round((first - started) * 1000, 3),
+            decode_ms=None if first is None else round((ended - first) * 1000, 3),
+        )
+        yield StreamDelta("", result)
 
     def _abort_at_deadline(self, llm: Any, rid: str, hit: asyncio.Event) -> None:
         hit.set()
@@ -323,6 +341,9 @@ class VllmEngine(Engine):
             seed=request.seed,
             structured_outputs=structured,
             output_kind=v["RequestOutputKind"].DELTA,
+            # The top TOP_K of each token's distribution (raw, before sampling and any JSON
+            # mask) feed the confidence score; vLLM adds the sampled token when it is not in them.
+            logprobs=TOP_K,
         )
 
     def _translate(self, exc: Exception, rid: str, prompt_tokens: int) -> Exception:

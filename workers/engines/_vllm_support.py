@@ -10,10 +10,11 @@ import asyncio
 import gc
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._base import FinishReason
+from ._confidence import TOP_K
 from ._hf_cache import force_offline
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "is_oom",
     "raise_native_oom",
     "shutdown_llm",
+    "token_top_logprobs",
 ]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -128,6 +130,27 @@ def finish_reason(vllm_reason: str | None, deadline_hit: bool) -> FinishReason:
     if vllm_reason == "length":
         return "length"
     return "stop"  # "stop", or "repetition": vLLM cut a looping answer short
+
+
+def token_top_logprobs(
+    positions: Iterable[Mapping[Any, Any] | None] | None, k: int = TOP_K
+) -> list[list[float]]:
+    """The ``k`` largest log-probabilities of each generated position of a vLLM output delta.
+
+    vLLM gives, per new token, a mapping token id → ``Logprob`` (``.logprob``) holding the top
+    ``k`` and the sampled token when it is not among them (so up to ``k + 1`` entries). Positions
+    without one (``None``; logprobs not requested) are left out; ``-inf`` entries are kept as
+    probability 0.
+    """
+    if positions is None:
+        return []
+    out: list[list[float]] = []
+    for position in positions:
+        if not position:
+            continue
+        values = sorted((float(entry.logprob) for entry in position.values()), reverse=True)
+        out.append(values[:k])
+    return out
 
 
 def is_oom(exc: BaseException) -> bool:
