@@ -13,6 +13,9 @@ The tree::
     ├── StepError                     a step failed: which step, which attempt, why
     │   ├── ToolError                 a tool raised, or cannot be imported
     │   └── RunIncomplete             (chainrt.langchain) a Runnable's chain run did not complete
+    ├── UnknownChain                  (chainrt.serve) no chain of that name is served here (404)
+    ├── Draining                      (chainrt.serve) the runner is shutting down; the run is handed over
+    ├── BadCursor                     (chainrt.serve) a runs-list cursor the API did not hand out
     ├── ConcurrencyError              a concurrency key could not be taken
     │   └── ConcurrencyRejected       ... within the time the budget left (run ends ``rejected``)
     ├── CheckpointError               the checkpoint store cannot do what was asked

@@ -29,6 +29,7 @@ _MODULES = (
     "chainrt.langchain",
     "chainrt.tracing",
     "chainrt.cli",
+    "chainrt.serve",
     "workers.engines",
     "workers.server",
 )

@@ -10,13 +10,15 @@ Needs ``chainrt[serve]`` (FastAPI, uvicorn, prometheus-client; redis for a fleet
 from __future__ import annotations
 
 from ._app import create_app
+from ._listing import BadCursor
 from ._main import serve
 from ._models import ServeConfig, SubmitRequest
 from ._queue import PRIORITIES, Entry, LocalQueue, RedisQueue, RunQueue
-from ._service import Draining, Service
+from ._service import Draining, Service, UnknownChain
 
 __all__ = [
     "PRIORITIES",
+    "BadCursor",
     "Draining",
     "Entry",
     "LocalQueue",
@@ -25,6 +27,7 @@ __all__ = [
     "ServeConfig",
     "Service",
     "SubmitRequest",
+    "UnknownChain",
     "create_app",
     "serve",
 ]

@@ -262,9 +262,11 @@ class Service:
             store = self.runtime.store
             record = await store.get_run(run_id)
             past = history(record, await store.get_steps(run_id))
-            last_ts = 0.0
+            # Live events heard while the history was read may repeat it: a step whose record the
+            # history holds has been told in full (its ts, taken from the record, can differ from
+            # the live event's, so the step's identity decides, not the clock).
+            told = {e.step_id for e in past if e.type == "step_finished"}
             for event in past:
-                last_ts = max(last_ts, event.ts)
                 yield event
             if past and past[-1].final:
                 return
@@ -280,7 +282,11 @@ class Service:
                         yield history(record, steps)[-1]
                         return
                     continue
-                if event.ts < last_ts:
+                if event.type == "run_started":
+                    if not event.data.get("resumed") and past:
+                        continue  # the history began with it
+                    told.clear()  # a resumed execution may run a step again
+                elif event.step_id in told:
                     continue  # already in the history
                 yield event
                 if event.final:
