@@ -180,6 +180,7 @@ async def _mode(
                             + ", ".join(
                                 f"{a.model}@{(a.endpoint or '-').rsplit(':', 1)[-1]} "
                                 f"{a.status} {a.elapsed_ms:.0f}ms"
+                                + (f" ({a.detail})" if args.show_failures and a.detail else "")
                                 for a in rec.attempt_log
                             )
                             for sid, rec in steps_rec.items()

@@ -26,6 +26,7 @@ from chainrt.dispatch._policy import (
     decide_retry,
     fallback_need,
     fit_context,
+    judged_after,
     reserve_for,
 )
 
@@ -144,12 +145,27 @@ def test_reserve_for(rest: list[NextCandidate], left: float, expected: float) ->
         ([NextCandidate("local", 0.2)], 2.0, 0.2),  # no p90: its median
         ([NextCandidate("local", 0.1, 0.2, in_flight=3)], 2.0, 0.5),  # + 3 medians of queue
         ([NextCandidate("local", 0.9, 2.5)], 2.0, 2.0),  # never more than the time left
+        # Queued so deep that 4 medians (3 waiting + its own) pass the time left: it cannot make
+        # it, so no time is kept for it (issue 14: a congested fallback starved a healthy primary).
+        ([NextCandidate("local", 0.6, 0.8, in_flight=3)], 2.0, 0.0),
+        ([NextCandidate("local", 0.5, 0.8, in_flight=3)], 2.0, 2.0),  # 4 medians just fit
         ([NextCandidate("static", static=True), NextCandidate("local", 0.2, 0.3)], 2.0, 0.0),
         ([NextCandidate("down", 0.1, usable=False), NextCandidate("local", 0.2, 0.3)], 2.0, 0.3),
     ],
 )
 def test_fallback_need(rest: list[NextCandidate], left: float, expected: float) -> None:
     assert fallback_need(rest, left, keep_partial=False) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("own_p90", "expected"),
+    [
+        (None, 0.0),  # unknown: every timeout counts
+        (0.8, 0.8),  # its usual 90th percentile for this request
+    ],
+)
+def test_judged_after(own_p90: float | None, expected: float) -> None:
+    assert judged_after(own_p90) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,37 @@ async def test_hung_worker_never_holds_a_step_past_its_allotment(
     assert [(r.model, r.status) for r in second] == [("primary", "timeout")]
 
 
+async def test_a_timeout_cut_short_of_the_usual_time_does_not_open_the_breaker(
+    workers: tuple[WorkerProcess, WorkerProcess], tmp_path: Path
+) -> None:
+    """Issue 14: attempts cut early to keep a fallback's reserve opened a healthy endpoint's
+    timeout circuit. Only an attempt given at least the model's usual time (its p90 for the
+    request) is held against the endpoint."""
+    _, b = workers
+    extra = "breakers:\n  timeout: {window: 2, min_requests: 1, failure_rate: 0.5, cooldown: 30s}\n"
+    dispatcher = make_dispatcher(pool_file(tmp_path, [b.base], extra))
+    try:
+        for _ in range(3):  # answers teach the dispatcher how long this request takes
+            await dispatcher.complete(call(), time.time() + 30)
+        usual = dispatcher.expected("primary", call(), 2, 0.9)
+        assert usual is not None
+        assert b.post("/admin/faults", json={"hang": True}).status_code == 200
+        for _ in range(3):  # each cut at a third of the usual time: no verdict
+            with pytest.raises(DispatchFailed) as failed:
+                await dispatcher.complete(call(), time.time() + usual / 3)
+            assert [a.status for a in failed.value.attempts] == ["timeout"]
+        # Given its usual time plus a margin, it did not answer: held against it.
+        with pytest.raises(DispatchFailed) as failed:
+            await dispatcher.complete(call(), time.time() + usual + 0.3)
+        assert [a.status for a in failed.value.attempts] == ["timeout"]
+        with pytest.raises(DispatchFailed) as failed:
+            await dispatcher.complete(call(), time.time() + 0.5)
+        assert [a.status for a in failed.value.attempts] == ["skipped"]
+        assert "circuit open (timeout)" in (failed.value.attempts[0].detail or "")
+    finally:
+        await dispatcher.close()
+
+
 async def test_open_breaker_stops_traffic_and_a_half_open_trial_restores_it(
     workers: tuple[WorkerProcess, WorkerProcess], tmp_path: Path
 ) -> None:

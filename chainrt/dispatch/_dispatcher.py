@@ -39,6 +39,7 @@ from ._policy import (
     decide_retry,
     fallback_need,
     fit_context,
+    judged_after,
     reserve_for,
 )
 from ._types import LlmAnswer, LlmCall
@@ -263,7 +264,10 @@ class _ModelTry:
             self._log("skipped", 0.0, None, "no time left")
             raise _Skipped("no time left")
         p50 = self.d.expected(model, call, self.max_tokens, 0.5)
-        if too_slow(p50, left, keep_partial=call.keep_partial):
+        rest = self.d.next_candidates(self.rest, call, self.max_tokens)
+        # Skipping a slow candidate saves time only for something after it: the last one is
+        # tried with what is left (a near miss often answers; a skip never does).
+        if too_slow(p50, left, keep_partial=call.keep_partial or not _worth_saving_for(rest)):
             assert p50 is not None
             why = (
                 f"its expected p50 of {p50 * 1000:.0f}ms for this request does not fit the "
@@ -271,7 +275,6 @@ class _ModelTry:
             )
             self._log("skipped", 0.0, None, why)
             raise _Skipped(why)
-        rest = self.d.next_candidates(self.rest, call, self.max_tokens)
         self.reserve_s = reserve_for(rest, left, keep_partial=call.keep_partial)
         end = attempt_end(
             now,
@@ -288,7 +291,11 @@ class _ModelTry:
         )
         started = time.perf_counter()
         # The attempt's number goes with the call: interceptors of the backend (tracing) read it.
-        attempt = dataclasses.replace(call, attempt=len(self.attempts) + 1)
+        attempt = dataclasses.replace(
+            call,
+            attempt=len(self.attempts) + 1,
+            judged_after_s=judged_after(self.d.expected(model, call, self.max_tokens, 0.9)),
+        )
         in_flight = self.d._in_flight
         in_flight[model] = in_flight.get(model, 0) + 1
         try:
@@ -448,3 +455,9 @@ def _check_answer(call: LlmCall, got: BackendAnswer) -> None:
                 error_class="bad_output",
                 endpoint=got.endpoint,
             )
+
+
+def _worth_saving_for(rest: list[NextCandidate]) -> bool:
+    """Whether anything after the current candidate could still answer (a usable model, or the
+    static answer)."""
+    return any(candidate.static or candidate.usable for candidate in rest)

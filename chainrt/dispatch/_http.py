@@ -162,10 +162,15 @@ class HttpBackend(ModelBackend):
         url = ticket.endpoint.url
         table = self.resources.table
         finished = False
+        started = time.monotonic()
         try:
             try:
                 answer = await self._post(call, url, max_tokens, deadline, on_text)
             except BackendError as exc:
+                if exc.error_class == "timeout" and not _judged(call, started):
+                    table.abandon(ticket)
+                    finished = True
+                    raise
                 # A 429 with max_tokens advice refused this request's size, not the endpoint:
                 # a smaller request may go at once, so its Retry-After holds this request only.
                 endpoint_wait = None if exc.advice_max_tokens is not None else exc.retry_after_s
@@ -182,7 +187,7 @@ class HttpBackend(ModelBackend):
             return answer
         finally:
             if not finished:
-                if time.time() >= deadline:
+                if time.time() >= deadline and _judged(call, started):
                     # Cut after its end (the dispatcher's guard): the endpoint did not answer
                     # in time, which is what the timeout breaker counts.
                     table.finish(ticket, error_class="timeout", now=time.monotonic())
@@ -405,3 +410,9 @@ def error_from_response(
     if error_class == "timeout":
         return BackendError(what, error_class=error_class, endpoint=url)
     return BackendError(what, error_class=error_class, retry_after_s=retry_after, endpoint=url)
+
+
+def _judged(call: LlmCall, started: float) -> bool:
+    """Whether a timed-out attempt ran long enough for its timeout to count against the endpoint
+    (an attempt cut early to keep a fallback's reserve says nothing about a busy, healthy one)."""
+    return time.monotonic() - started >= call.judged_after_s

@@ -44,6 +44,7 @@ __all__ = [
     "decide_retry",
     "fallback_need",
     "fit_context",
+    "judged_after",
     "reserve_for",
 ]
 
@@ -99,7 +100,8 @@ def fallback_need(rest: Sequence[NextCandidate], left_s: float, *, keep_partial:
     """Seconds the next fallback that would be tried is expected to need, queue included.
 
     Its 90th percentile (or median) for this request, plus the median of each attempt already
-    waiting there; zero when it is unknown or nothing (or the static answer) comes next. The
+    waiting there, at most the time left; zero when it is unknown, when nothing (or the static
+    answer) comes next, or when its queue and median alone exceed the time left. The
     current candidate is never given time out of this (only out of the reserve's margin).
     """
     candidate = _next_tried(rest, left_s, keep_partial)
@@ -108,7 +110,13 @@ def fallback_need(rest: Sequence[NextCandidate], left_s: float, *, keep_partial:
     known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
     if known is None:
         return 0.0
-    return min(known + candidate.in_flight * (candidate.p50_s or known), left_s)
+    median = candidate.p50_s or known
+    # A fallback so queued that even its median wait and answer exceed the time left is no
+    # safer bet than the current candidate: keeping its time would starve a healthy primary and
+    # send every step to the congested fallback, which then times out too (issue 14).
+    if median * (1 + candidate.in_flight) > left_s:
+        return 0.0
+    return min(known + candidate.in_flight * median, left_s)
 
 
 def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: bool) -> float:
@@ -165,6 +173,17 @@ def attempt_end(
     if attempt_timeout_s is not None:
         end = min(end, now + attempt_timeout_s)
     return max(min(end, deadline), min(now + MIN_ATTEMPT_S, deadline))
+
+
+def judged_after(own_p90_s: float | None) -> float:
+    """How long an attempt must have run for its timeout to count against its endpoint.
+
+    The model's expected 90th percentile for this request (0 when unknown: every timeout
+    counts): an endpoint is blamed for not answering only when it was given the time it usually
+    needs. Cutting a healthy but busy endpoint's attempt short to keep a fallback's reserve must
+    not open its circuit (issue 14).
+    """
+    return own_p90_s or 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,10 @@ class LlmCall:
     """W3C trace context to send with the request (tracing sets it for each attempt)."""
     attempt: int = 1
     """Number of this attempt within the step (the dispatcher sets it on each attempt's copy)."""
+    judged_after_s: float = 0.0
+    """A timeout of this attempt counts against its endpoint (its breaker) only when the attempt
+    ran at least this long: one cut sooner than the model usually needs (to keep a fallback's
+    reserve) says nothing about the endpoint (the dispatcher sets it on each attempt's copy)."""
     on_token: Callable[[str], None] | None = None
     """Set: stream the answer — each piece of generated text is passed here as it arrives (from
     every attempt: after a failed one, the next attempt's text starts over)."""
