@@ -129,6 +129,23 @@ def completion_response(rid: str, model: str, result: GenerationResult) -> dict[
     return _extensions(body, result)
 
 
+def _stream_chunk(
+    rid: str, model: str, kind: str, usage: GenerationResult | None
+) -> dict[str, Any]:
+    """A streamed chunk's common fields, no choices; with ``usage``, the whole usage-only chunk."""
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+    }
+    if usage is not None:
+        chunk["usage"] = _usage(usage)
+        _extensions(chunk, usage)
+    return chunk
+
+
 def chat_chunk(
     rid: str,
     model: str,
@@ -143,16 +160,8 @@ def chat_chunk(
 
     ``tool_calls`` are sent whole in one delta (each with its ``index``, as OpenAI streams them).
     """
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-    }
+    chunk = _stream_chunk(rid, model, "chat.completion.chunk", usage)
     if usage is not None:
-        chunk["usage"] = _usage(usage)
-        _extensions(chunk, usage)
         return chunk
     delta: dict[str, Any] = {"role": "assistant"} if role else {}
     if content is not None:
@@ -172,16 +181,7 @@ def completion_chunk(
     usage: GenerationResult | None = None,
 ) -> dict[str, Any]:
     """One streamed ``text_completion`` chunk (usage-only when ``usage`` is given)."""
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-    }
-    if usage is not None:
-        chunk["usage"] = _usage(usage)
-        _extensions(chunk, usage)
-    else:
+    chunk = _stream_chunk(rid, model, "text_completion", usage)
+    if usage is None:
         chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
     return chunk
