@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
@@ -36,15 +35,12 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.ai import UsageMetadata
-from langchain_core.messages.tool import ToolCall as ToolCallDict
-from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import (
     JsonOutputKeyToolsParser,
     PydanticToolsParser,
 )
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
@@ -62,11 +58,12 @@ from .._errors import ChainRTError, InputError
 from .._runtime import default_hooks
 from .._settings import get_settings
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall, Priority, make_dispatcher
+from ._answer import answer_chunks, chat_result
 from ._loop import aiterate_on_loop, iterate_sync, on_loop, on_shutdown, run_sync
 from ._messages import to_chat_pairs, with_json_instruction, with_system_text
 from ._steps import STEP_DEADLINE
-from ._tools import tool_calls, tool_specs
 from ._tools import tool_choice as tool_choice_of
+from ._tools import tool_specs
 
 __all__ = ["ChatChainrt"]
 
@@ -236,7 +233,7 @@ class ChatChainrt(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
-        return _result(call, run_sync(self._answer(call, deadline)), tools)
+        return chat_result(call, run_sync(self._answer(call, deadline)), tools)
 
     async def _agenerate(
         self,
@@ -246,7 +243,7 @@ class ChatChainrt(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
-        return _result(call, await on_loop(self._answer(call, deadline)), tools)
+        return chat_result(call, await on_loop(self._answer(call, deadline)), tools)
 
     def _stream(
         self,
@@ -257,7 +254,7 @@ class ChatChainrt(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
         if tools:  # a tool call is decoded from the whole answer
-            yield from _chunks(call, run_sync(self._answer(call, deadline)), tools)
+            yield from answer_chunks(call, run_sync(self._answer(call, deadline)), tools)
             return
         yield from iterate_sync(self._pieces(call, deadline))
 
@@ -270,7 +267,7 @@ class ChatChainrt(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         call, deadline, tools = self._call(messages, stop, _run_id(run_manager), kwargs)
         if tools:  # a tool call is decoded from the whole answer
-            for chunk in _chunks(call, await on_loop(self._answer(call, deadline)), tools):
+            for chunk in answer_chunks(call, await on_loop(self._answer(call, deadline)), tools):
                 yield chunk
             return
         async for chunk in aiterate_on_loop(self._pieces(call, deadline)):
@@ -305,7 +302,7 @@ class ChatChainrt(BaseChatModel):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, ChainRTError):
                     await task
-        *_, closing = _chunks(call, answer, [])  # the text was streamed already
+        *_, closing = answer_chunks(call, answer, [])  # the text was streamed already
         yield closing
 
     # ------------------------------------------------------------------ declarative methods
@@ -399,76 +396,5 @@ def _run_id(run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRu
     return run_manager.run_id.hex if run_manager is not None else ""
 
 
-def _usage(answer: LlmAnswer) -> UsageMetadata:
-    return UsageMetadata(
-        input_tokens=answer.prompt_tokens,
-        output_tokens=answer.completion_tokens,
-        total_tokens=answer.prompt_tokens + answer.completion_tokens,
-    )
-
-
-def _metadata(call: LlmCall, answer: LlmAnswer) -> dict[str, Any]:
-    return {
-        "model_name": answer.model,
-        "finish_reason": answer.finish_reason,
-        "endpoint": answer.endpoint,
-        "fallback": answer.model if answer.model != call.model else None,
-        "attempts": [a.model_dump(mode="json", exclude_none=True) for a in answer.attempts],
-    }
-
-
-def _result(call: LlmCall, answer: LlmAnswer, tools: list[ToolSpec]) -> ChatResult:
-    text, calls = tool_calls(answer, tools)
-    metadata = _metadata(call, answer)
-    if calls:
-        metadata["finish_reason"] = "tool_calls"
-    message = AIMessage(
-        content=text,
-        tool_calls=[
-            ToolCallDict(name=c.name, args=c.arguments, id=c.id, type="tool_call") for c in calls
-        ],
-        usage_metadata=_usage(answer),
-        response_metadata=metadata,
-    )
-    usage = {
-        "prompt_tokens": answer.prompt_tokens,
-        "completion_tokens": answer.completion_tokens,
-        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
-    }
-    return ChatResult(
-        generations=[ChatGeneration(message=message)],
-        llm_output={"model_name": answer.model, "token_usage": usage},
-    )
-
-
 def _put(queue: asyncio.Queue[tuple[str, Any]], kind: str, value: Any) -> None:
     queue.put_nowait((kind, value))
-
-
-def _chunks(
-    call: LlmCall, answer: LlmAnswer, tools: list[ToolSpec]
-) -> Iterator[ChatGenerationChunk]:
-    """The text (or the tool call), then a closing chunk: usage and metadata appear once, so
-    merging adds no twice."""
-    text, calls = tool_calls(answer, tools)
-    if text or calls:
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(
-                content=text,
-                tool_call_chunks=[
-                    ToolCallChunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i)
-                    for i, c in enumerate(calls)
-                ],
-            )
-        )
-    metadata = _metadata(call, answer)
-    if calls:
-        metadata["finish_reason"] = "tool_calls"
-    yield ChatGenerationChunk(
-        message=AIMessageChunk(
-            content="",
-            usage_metadata=_usage(answer),
-            response_metadata=metadata,
-            chunk_position="last",
-        )
-    )
