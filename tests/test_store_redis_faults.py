@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -153,3 +154,33 @@ async def test_bad_credentials_are_not_retried(secured: RedisServer, auth: str) 
     await store.close()
     assert not info.value.retryable  # and it came at once, not after 30 s of retries
     assert "wrong-pw" not in str(info.value)
+
+
+async def test_an_attribute_error_inside_redis_py_is_retried_but_ours_is_not() -> None:
+    # redis-py's async cluster client can hit a connection a failover just closed and raise
+    # AttributeError ('NoneType' object has no attribute 'writelines') before writing: retried.
+    import types
+
+    from chainrt.store._redis_client import _is_transient
+
+    def send(writer: Any) -> None:
+        writer.writelines([])
+
+    def inside_redis_py() -> AttributeError:
+        # The same function, run with redis-py's module name as its globals: a redis.* frame.
+        in_redis = types.FunctionType(send.__code__, {"__name__": "redis.asyncio.connection"})
+        try:
+            in_redis(None)
+        except AttributeError as exc:
+            return exc
+        raise AssertionError("no AttributeError")
+
+    def ours() -> AttributeError:
+        try:
+            send(None)
+        except AttributeError as exc:
+            return exc
+        raise AssertionError("no AttributeError")
+
+    assert _is_transient(inside_redis_py())
+    assert not _is_transient(ours())

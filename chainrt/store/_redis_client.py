@@ -47,8 +47,11 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     *CLUSTER_TRANSIENT,  # MOVED/ASK, TRYAGAIN, CLUSTERDOWN: a resharding or a failover
 )
 _AUTH: tuple[type[BaseException], ...] = (rx.AuthenticationError, rx.AuthorizationError)
-# Caught to be looked at (_is_transient): a cluster client's "cannot be connected" is transient.
-_RETRIED: tuple[type[BaseException], ...] = (*_TRANSIENT, rx.RedisClusterException)
+# Caught to be looked at (_is_transient): a cluster client's "cannot be connected" is transient,
+# and so is an AttributeError raised inside redis-py itself: its async cluster client can meet a
+# connection that a failover just closed ('NoneType' object has no attribute 'writelines'), before
+# the command was written. The scripts are idempotent, so the command is tried again.
+_RETRIED: tuple[type[BaseException], ...] = (*_TRANSIENT, rx.RedisClusterException, AttributeError)
 
 
 class RedisConnection:
@@ -223,6 +226,10 @@ class RedisConnection:
             ) from None
         except _TRANSIENT as exc:
             raise self._unavailable(exc) from None
+        except AttributeError as exc:
+            if not _raised_in_redis_py(exc):
+                raise
+            raise self._unavailable(exc) from None
         except rx.RedisClusterException as exc:
             if is_cluster_transient(exc):
                 raise self._unavailable(exc) from None
@@ -253,7 +260,20 @@ class RedisConnection:
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, _AUTH):
         return False
+    if isinstance(exc, AttributeError):
+        return _raised_in_redis_py(exc)
     return isinstance(exc, _TRANSIENT) or is_cluster_transient(exc)
+
+
+def _raised_in_redis_py(exc: BaseException) -> bool:
+    """True when the innermost frame of ``exc`` is redis-py's own code (a client-side race),
+    not ours."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("redis.")
 
 
 class _NotReplicated(rx.TimeoutError):
