@@ -217,11 +217,16 @@ class LimiterConformance:
         with pytest.raises(ConcurrencyRejected):
             await limiter.acquire([key], timeout_s=0, holder="newcomer")
         late = asyncio.create_task(waiter("late"))
-        await _until(lambda: _waiting(limiter, "k", 1))
+        # Wait for late to be in the line by name: a count alone is already 1 while early has
+        # not woken, and b's release would then free two slots with both waiting, whose order of
+        # waking is the scheduler's, not the limiter's (a cluster CI run failed on that race).
+        await _until(lambda: _waiting_names(limiter, "k", ("late",)))
+        await _until(lambda: _served(served, ["early"]))
+        assert (await limiter.snapshot("k")).waiting == ("late",)
         await b.release()
+        await _until(lambda: _served(served, ["early", "late"]))
         let_go.set()
         await asyncio.gather(early, late)
-        assert served == ["early", "late"]
 
     async def test_keys_are_taken_in_sorted_order_without_deadlock(
         self, limiter: Limiter, leftovers: Leftovers
@@ -398,3 +403,11 @@ class LimiterConformance:
 
 async def _waiting(limiter: Limiter, key: str, n: int) -> bool:
     return len((await limiter.snapshot(key)).waiting) == n
+
+
+async def _waiting_names(limiter: Limiter, key: str, names: tuple[str, ...]) -> bool:
+    return (await limiter.snapshot(key)).waiting == names
+
+
+async def _served(served: list[str], expected: list[str]) -> bool:
+    return served == expected
