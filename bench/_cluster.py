@@ -100,11 +100,25 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
             f"\n== total durable steps/s: {args.processes} runner processes x "
             f"{_per_process(args)} runs at once, {args.steps}-step runs, {args.seconds:g} s"
         )
+        nodes = {single.url: [single.url], cluster.url: _master_urls(cluster)}
         for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
-            rate, masters = _load(url, args), ""
+            before = [_cpu_s(node) for node in nodes[url]]
+            rate, steps = _load(url, args)
+            used = [_cpu_s(node) - b for node, b in zip(nodes[url], before, strict=True)]
+            masters = ""
             if url == cluster.url:
-                masters = f"  (runs spread over {len(cluster.masters())} masters)"
+                masters = f"  (runs spread over {len(nodes[url])} masters)"
             print(f"{label:<20} {rate:>10,.0f} durable steps/s{masters}")
+            # Where the ceiling is: the busiest Redis server saturates when it needs one CPU-s
+            # a second, i.e. at about steps / (its CPU-s) steps/s; below that, the clients'
+            # cores set the figure above, not Redis.
+            window = steps / rate if rate else 0.0
+            busiest = max(used)
+            print(
+                f"{'':<20} Redis CPU {sum(used) / max(steps, 1) * 1e6:.1f} us per step; busiest "
+                f"server {busiest / window * 100 if window else 0:.0f}% of one core; "
+                f"Redis-bound ceiling ~{steps / busiest if busiest else 0:,.0f} steps/s"
+            )
 
 
 async def _pairs_per_s(url: str, rounds: int) -> float:
@@ -121,10 +135,28 @@ async def _pairs_per_s(url: str, rounds: int) -> float:
     return best
 
 
-def _load(url: str, args: argparse.Namespace) -> float:
-    """Durable steps/s summed over the runner processes, over the window they all ran."""
+def _master_urls(cluster: LocalCluster) -> list[str]:
+    return [f"redis://127.0.0.1:{port}/0" for port in cluster.masters()]
+
+
+def _cpu_s(url: str) -> float:
+    """CPU seconds (user + system) the Redis server at ``url`` has used since it started."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("cpu")
+    finally:
+        client.close()
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _load(url: str, args: argparse.Namespace) -> tuple[float, int]:
+    """Durable steps/s summed over the runner processes (over the window they all ran), steps."""
     source = str(Path(__file__).resolve().parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).parent), source])}
+    # Keep the caller's PYTHONPATH after ours: chainrt's dependencies may live there.
+    paths = [str(Path(source).parent), source, *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     cmd = [sys.executable, "-c", _LOAD, url, str(args.steps), str(_per_process(args))]
     cmd += [str(args.seconds), source]
     procs = [
@@ -151,4 +183,5 @@ def _load(url: str, args: argparse.Namespace) -> float:
                 proc.kill()
                 proc.wait()
     window = max(r["last"] for r in rows) - min(r["first"] for r in rows)
-    return float(sum(r["steps"] for r in rows) / window)
+    steps = sum(int(r["steps"]) for r in rows)
+    return steps / window, steps
