@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ from ._errors import (
     ConcurrencyError,
     ConcurrencyRejected,
     FencedOut,
-    InputError,
     StoreUnavailable,
     TemplateError,
 )
@@ -54,8 +51,12 @@ from ._run import (
     acquire_keys,
     chain_runs,
     chain_steps,
+    check_budget,
+    check_inputs,
+    check_new_run_id,
     end_step,
     finish_output,
+    new_run_id,
     repeats_side_effects,
     run_step,
     settle,
@@ -67,49 +68,11 @@ from .concurrency import Limiter
 from .dispatch import Dispatcher
 from .spec import ChainSpec, StepSpec, render_value, spec_from_dict
 from .spec._dump import spec_dump
-from .spec._models import INPUT_TYPES
 from .spec._roots import add_chain_root
 from .store._protocol import CheckpointStore
 from .store._records import RunRecord, StepRecord
 
 __all__ = ["Runner", "check_inputs", "new_run_id"]
-
-_RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-def new_run_id() -> str:
-    """A fresh, unique run id."""
-    return uuid.uuid4().hex
-
-
-def check_inputs(spec: ChainSpec, inputs: Any) -> dict[str, Any]:
-    """Validate a run's input against the chain's declared inputs (before anything runs)."""
-    if not isinstance(inputs, dict):
-        raise InputError(
-            f"input of chain {spec.name!r} must be a JSON object, got {type(inputs).__name__}"
-        )
-    missing = [name for name in spec.inputs if name not in inputs]
-    if missing:
-        raise InputError(f"input of chain {spec.name!r} lacks {', '.join(missing)}")
-    if spec.inputs:
-        unknown = [name for name in inputs if name not in spec.inputs]
-        if unknown:
-            allowed = ", ".join(spec.inputs)
-            raise InputError(
-                f"input of chain {spec.name!r} has unknown field(s) {', '.join(unknown)} (declared: {allowed})"
-            )
-    for name, type_name in spec.inputs.items():
-        value = inputs[name]
-        types = INPUT_TYPES[type_name]
-        if isinstance(value, bool) and bool not in types and type_name != "any":
-            ok = False
-        else:
-            ok = isinstance(value, types)
-        if not ok:
-            raise InputError(
-                f"input field {name!r} of chain {spec.name!r} must be {type_name}, got {type(value).__name__}"
-            )
-    return dict(inputs)
 
 
 class Runner:
@@ -165,15 +128,8 @@ class Runner:
         chose it, so it becomes one of this process's chain roots (a resume may use it).
         """
         inputs = check_inputs(spec, inputs)
-        run_id = new_run_id() if run_id is None else run_id  # "" is refused, not replaced
-        if not _RUN_ID.fullmatch(run_id):
-            shown = repr(run_id[:60]) + (
-                f"... ({len(run_id)} characters)" if len(run_id) > 60 else ""
-            )
-            raise InputError(f"run id must match [A-Za-z0-9_.:-]{{1,128}}, got {shown}")
-        total = spec.budget if budget_ms is None else budget_ms
-        if total <= 0:
-            raise BudgetError(f"budget must be greater than zero, got {total:g}ms")
+        run_id = check_new_run_id(run_id)
+        total = check_budget(spec, budget_ms)
         if source_dir is not None:
             add_chain_root(source_dir)
         record = RunRecord(

@@ -2,6 +2,7 @@
 
 _journal    Clock, RunJournal: one execution's clock and state, every checkpoint write
 _recording  a step's end written even when the store refuses its record (run ends failed)
+_start      a new run's input, run id and budget checked (before anything is written)
 _step       one step from allotment to record: keys, the kind's executor, settle()
 _llm        the llm step kind (dispatch)
 _tool       the tool step kind (sync/async callables; retries via tenacity + decide_retry)
@@ -16,6 +17,7 @@ from ._journal import COMMIT_GRACE_S, Clock, RunJournal
 from ._llm import LlmExecutor, llm_call, run_llm
 from ._recording import end_step, finish_output, repeats_side_effects
 from ._runnable import RunnableExecutor
+from ._start import check_budget, check_inputs, check_new_run_id, new_run_id
 from ._step import (
     KindExecutor,
     StepOutcome,
@@ -46,9 +48,13 @@ __all__ = [
     "call_tool",
     "chain_runs",
     "chain_steps",
+    "check_budget",
+    "check_inputs",
+    "check_new_run_id",
     "end_step",
     "finish_output",
     "llm_call",
+    "new_run_id",
     "repeats_side_effects",
     "run_llm",
     "run_step",
