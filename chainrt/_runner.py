@@ -57,6 +57,7 @@ from ._run import (
     end_step,
     finish_output,
     new_run_id,
+    plan_for,
     repeats_side_effects,
     run_step,
     settle,
@@ -67,7 +68,7 @@ from ._trust import RecordTrust
 from .concurrency import Limiter
 from .dispatch import Dispatcher
 from .spec import ChainSpec, StepSpec, render_value, spec_from_dict
-from .spec._dump import spec_dump
+from .spec._dump import spec_dump, spec_json
 from .spec._roots import add_chain_root
 from .store._protocol import CheckpointStore
 from .store._records import RunRecord, StepRecord
@@ -143,6 +144,7 @@ class Runner:
             fencing_token=1,
         )
         record = self.trust.sign(record)
+        record.attach_spec_json(spec_json(spec))  # the store writes it without serialising it
         await self._prepare(spec)
         await self.store.create_run(record)
         journal = RunJournal(self.store, record, {}, Clock(total))
@@ -332,8 +334,7 @@ class Runner:
         )
         try:
             pending = journal.pending(spec.steps)
-            budgets = [_step_budget(s) for s in pending]
-            plan = budget.Plan(budgets)  # sums the weights once: a step's decision costs O(1)
+            plan = plan_for(spec, pending)  # sums the weights once: a step's decision costs O(1)
             for index, step in enumerate(pending):
                 decision = plan.decide(index, journal.clock.remaining_ms())
                 if isinstance(decision, budget.Stop):
@@ -386,12 +387,6 @@ class Runner:
 
 def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
-
-
-def _step_budget(step: StepSpec) -> budget.StepBudget:
-    return budget.StepBudget(
-        weight=step.weight, min_ms=step.min, max_ms=step.max, optional=step.optional
-    )
 
 
 def _output(spec: ChainSpec, scope: dict[str, Any]) -> Any:

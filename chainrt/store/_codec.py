@@ -51,7 +51,11 @@ def encode(record: RunRecord | StepRecord | RunProgress, *, limit: int, what: st
 
     ``what`` names the record in the error, e.g. ``"step 'summary' of run 'r1'"``.
     """
-    data: bytes = _ADAPTERS[type(record)].dump_json(record, by_alias=True)
+    spec = record.spec_json() if isinstance(record, RunRecord) else None
+    if spec is not None and isinstance(record, RunRecord):
+        data = _run_with_spec(record, spec)
+    else:
+        data = _ADAPTERS[type(record)].dump_json(record, by_alias=True)
     if len(data) > limit:
         raise RecordTooLarge(
             f"{what} is {_size(len(data))} as JSON, over the store's limit of {_size(limit)} "
@@ -59,6 +63,19 @@ def encode(record: RunRecord | StepRecord | RunProgress, *, limit: int, what: st
             "reference instead of the payload) or raise the limit."
         )
     return data
+
+
+_BEFORE_SPEC = {"schema_version", "run_id", "chain"}
+_NOT_AFTER_SPEC = {*_BEFORE_SPEC, "spec"}
+
+
+def _run_with_spec(record: RunRecord, spec: bytes) -> bytes:
+    """``record`` as JSON with its already serialised ``spec`` put in place: the same bytes as
+    serialising the whole record (fields in declaration order; tests/test_store_codec.py)."""
+    adapter = _ADAPTERS[RunRecord]
+    head = adapter.dump_json(record, by_alias=True, include=_BEFORE_SPEC)
+    tail = adapter.dump_json(record, by_alias=True, exclude=_NOT_AFTER_SPEC)
+    return b"".join((head[:-1], b',"spec":', spec, b",", tail[1:]))
 
 
 def encode_trace(trace: dict[str, Any]) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
 from ._url import redact_text
 
@@ -162,6 +162,20 @@ class RunRecord(_Record):
     updated_at: float = Field(default_factory=time.time)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    _spec_json: tuple[dict[str, Any], bytes] | None = PrivateAttr(default=None)
+
+    def attach_spec_json(self, data: bytes) -> None:
+        """Say that ``data`` is this record's ``spec`` as JSON (what serialising it gives), so
+        that a store writing the record does not serialise the spec again (a chain's spec is
+        most of its record; one spec serves every run of it: :func:`chainrt.spec._dump.spec_json`).
+        It holds for this ``spec`` object only: a copy given another spec serialises that one."""
+        self._spec_json = (self.spec, data)
+
+    def spec_json(self) -> bytes | None:
+        """The JSON given by :meth:`attach_spec_json` for the ``spec`` this record holds, else None."""
+        known = self._spec_json
+        return known[1] if known is not None and known[0] is self.spec else None
 
     @property
     def finished(self) -> bool:
