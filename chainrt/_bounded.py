@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar, cast
 
-__all__ = ["CANCEL_GRACE_S", "within"]
+__all__ = ["CANCEL_GRACE_S", "Finished", "start_eagerly", "within"]
 
 T = TypeVar("T")
 
@@ -38,7 +38,7 @@ async def within(work: Awaitable[T], timeout_s: float, *, grace_s: float = CANCE
     finish on its own. Cancelling the caller cancels the work too.
     """
     if isinstance(work, types.CoroutineType):
-        task, finished = _start_eagerly(work)
+        task, finished = start_eagerly(work)
         if finished is not None:
             return cast(T, finished.value)
     else:
@@ -73,8 +73,8 @@ def _collect(task: asyncio.Future[Any]) -> None:
 _NOTHING: Any = object()
 
 
-class _Finished:
-    """The value of work that finished in its first stretch."""
+class Finished:
+    """The value of work that finished in its first stretch (see :func:`start_eagerly`)."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -115,13 +115,23 @@ class _Rest(Coroutine[Any, Any, Any]):
         raise TypeError("_Rest is driven by its task, never awaited")
 
 
-def _start_eagerly(coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[Any], _Finished | None]:
-    """Create the task that owns ``coro`` and run its first stretch now, as that task."""
+def start_eagerly(
+    coro: Coroutine[Any, Any, T],
+    on_task: Callable[[asyncio.Task[Any]], None] | None = None,
+) -> tuple[asyncio.Task[Any], Finished | None]:
+    """Create the task that owns ``coro`` and run its first stretch now, as that task.
+
+    Returns the task and, when ``coro`` finished in that stretch, its value (the task then
+    ends with None: await it only when no value came back). An exception of the first stretch
+    is raised here. ``on_task`` hears of the task before the stretch runs (to register it).
+    """
     loop = asyncio.get_running_loop()
     outer = asyncio.current_task(loop)
     context = contextvars.copy_context()
     rest = _Rest(coro)
     task = loop.create_task(rest, context=context)
+    if on_task is not None:
+        on_task(task)
     if outer is not None:
         asyncio.tasks._leave_task(loop, outer)
     asyncio.tasks._enter_task(loop, task)
@@ -129,7 +139,7 @@ def _start_eagerly(coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[Any], _Fi
         rest.first = context.run(coro.send, None)
     except StopIteration as stop:
         rest.finished = True
-        return task, _Finished(stop.value)
+        return task, Finished(stop.value)
     except BaseException:
         rest.finished = True  # raised in the caller, as awaiting the task would have
         raise

@@ -66,7 +66,8 @@ class RunJournal:
         clock: Clock,
     ) -> None:
         self.store = store
-        self.record = record
+        self._record = record
+        self._update: dict[str, Any] = {}
         self.token = record.fencing_token
         self.clock = clock
         self.done = dict(done)
@@ -82,9 +83,18 @@ class RunJournal:
         }
 
     @property
+    def record(self) -> RunRecord:
+        """The run record as written by the last commit (copied once per read after commits,
+        not once per commit: the loop reads it only at the end)."""
+        if self._update:
+            self._record = self._record.model_copy(update=self._update)
+            self._update = {}
+        return self._record
+
+    @property
     def run_id(self) -> str:
         """The run's id."""
-        return self.record.run_id
+        return self._record.run_id
 
     def pending(self, steps: list[StepSpec]) -> list[StepSpec]:
         """The steps still to run: those without a final record (a resume skips the rest)."""
@@ -161,7 +171,7 @@ class RunJournal:
             # write's own error (FencedOut) unretrieved in wait_for's inner task, printed
             # as a traceback at exit. Here the write runs in this task and its error is raised.
             async with asyncio.timeout(timeout):
-                await self.store.commit(self.record.run_id, self.token, progress, step)
+                await self.store.commit(self.run_id, self.token, progress, step)
         except RecordTooLarge as exc:
             raise _Unrecordable(exc.message) from None
         except (ValueError, RecursionError) as exc:
@@ -170,7 +180,7 @@ class RunJournal:
             raise _Unrecordable(f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:
             raise StoreUnavailable(
-                f"checkpoint of run {self.record.run_id} did not complete within the budget; "
+                f"checkpoint of run {self.run_id} did not complete within the budget; "
                 f"the store ({self.store.url}) is too slow or down — resume the run when it is back"
             ) from None
         if step is not None:
@@ -190,4 +200,4 @@ class RunJournal:
             update["trace"] = trace
         if release:
             update["owner"] = None
-        self.record = self.record.model_copy(update=update)
+        self._update.update(update)

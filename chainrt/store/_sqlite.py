@@ -44,6 +44,7 @@ from ._sqlite_schema import (
     COMMIT_SQL,
     DROP_EXPIRED_SQL,
     GET_RUN_SQL,
+    INSERT_RUN_SQL,
     LAYOUT_VERSION,
     LIST_BEFORE_SQL,
     LIST_SQL,
@@ -136,36 +137,38 @@ class SQLiteStore(CheckpointStore):
         now = time.time()
         owner = run.owner
         expires_at = now + self.record_ttl_s if run.status in FINAL_STATUSES else None
+        row = (
+            run_id,
+            run.status,
+            run.created_at,
+            run.updated_at,
+            run.fencing_token,
+            owner.host if owner else None,
+            owner.pid if owner else None,
+            owner.expires_at if owner else None,
+            expires_at,
+        )
         with self._transaction() as conn:
-            for sql in DROP_EXPIRED_SQL:
-                conn.execute(sql, (run_id, now))
             try:
-                conn.execute(
-                    "INSERT INTO runs (run_id, status, created_at, updated_at, fencing_token, "
-                    "progress, owner_host, owner_pid, owner_expires_at, expires_at) "
-                    "VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
-                    (
-                        run_id,
-                        run.status,
-                        run.created_at,
-                        run.updated_at,
-                        run.fencing_token,
-                        owner.host if owner else None,
-                        owner.pid if owner else None,
-                        owner.expires_at if owner else None,
-                        expires_at,
-                    ),
-                )
+                conn.execute(INSERT_RUN_SQL, row)
             except sqlite3.IntegrityError:
-                stored = conn.execute(
-                    "SELECT record FROM run_records WHERE run_id = ?", (run_id,)
-                ).fetchone()
-                if stored is not None and stored[0] == data:
-                    return  # the very same create sent again (a retry): already done
-                raise CheckpointError(
-                    f"run {run_id!r} already exists in {self.url}; choose another run id, "
-                    "or resume that run"
-                ) from None
+                # The id is taken. A run past its TTL but not purged yet must not block a new
+                # run of the same id: drop it and insert again (a statement that failed on a
+                # constraint is undone alone; the transaction goes on).
+                for sql in DROP_EXPIRED_SQL:
+                    conn.execute(sql, (run_id, now))
+                try:
+                    conn.execute(INSERT_RUN_SQL, row)
+                except sqlite3.IntegrityError:
+                    stored = conn.execute(
+                        "SELECT record FROM run_records WHERE run_id = ?", (run_id,)
+                    ).fetchone()
+                    if stored is not None and stored[0] == data:
+                        return  # the very same create sent again (a retry): already done
+                    raise CheckpointError(
+                        f"run {run_id!r} already exists in {self.url}; choose another run id, "
+                        "or resume that run"
+                    ) from None
             conn.execute(
                 "INSERT OR REPLACE INTO run_records (run_id, record) VALUES (?, ?)", (run_id, data)
             )

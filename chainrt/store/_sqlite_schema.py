@@ -17,6 +17,7 @@ __all__ = [
     "COMMIT_SQL",
     "DROP_EXPIRED_SQL",
     "GET_RUN_SQL",
+    "INSERT_RUN_SQL",
     "LAYOUT_VERSION",
     "LIST_BEFORE_SQL",
     "LIST_SQL",
@@ -127,7 +128,12 @@ PURGE_SQL = (
     "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs "
     "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1000)",
 )
-# A run past its TTL but not purged yet must not block a new run of the same id.
+INSERT_RUN_SQL = (
+    "INSERT INTO runs (run_id, status, created_at, updated_at, fencing_token, progress, "
+    "owner_host, owner_pid, owner_expires_at, expires_at) VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)"
+)
+# A run past its TTL but not purged yet must not block a new run of the same id (run only when
+# the id is found taken: a new id pays nothing for it).
 DROP_EXPIRED_SQL = (
     "DELETE FROM steps WHERE run_id IN (SELECT run_id FROM runs WHERE run_id = ? "
     "AND expires_at <= ?)",
