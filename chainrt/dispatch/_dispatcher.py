@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
-from collections.abc import Coroutine, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from .._bounded import within
-from .._jsonschema import schema_violation
-from ..errors import BackendError, DispatchFailed, NoEndpoint
+from ..errors import BackendError, DispatchFailed
 from ..store._records import AttemptRecord
 from ._backend import BackendAnswer, ModelBackend
+from ._checks import bounded, check_answer, worth_saving_for
 from ._hops import answer_hops
 from ._latency import LatencyTracker, estimate_prompt_tokens, too_slow
+from ._outcome import no_answer, skip, static_answer
 from ._policy import (
     MIN_ATTEMPT_S,
     ContextFit,
@@ -45,9 +43,6 @@ from ._policy import (
 from ._types import LlmAnswer, LlmCall
 
 __all__ = ["MIN_ATTEMPT_S", "DispatchFailed", "Dispatcher"]
-
-_GUARD_SLACK_S = 0.01
-"""Backends stop themselves at the attempt's end; this guard cancels one that does not."""
 
 
 class Dispatcher:
@@ -85,12 +80,12 @@ class Dispatcher:
         for index, model in enumerate(order):
             backend = self._backends.get(model)
             if backend is None:
-                _skip(
+                skip(
                     call, attempts, model, f"model {model!r} is not in the pool (add it to --pool)"
                 )
                 continue
             if not backend.available():
-                _skip(call, attempts, model, backend.why_unavailable())
+                skip(call, attempts, model, backend.why_unavailable())
                 continue
             fit = fit_context(
                 estimate_prompt_tokens(call.messages),
@@ -99,7 +94,7 @@ class Dispatcher:
                 shrink=call.shrink_on_memory_pressure,
             )
             if fit.max_tokens is None:
-                _skip(call, attempts, model, fit.why or "request does not fit")
+                skip(call, attempts, model, fit.why or "request does not fit")
                 continue
             tried = True
             answer = await _ModelTry(
@@ -108,32 +103,8 @@ class Dispatcher:
             if answer is not None:
                 return answer
         if call.static_answer is not None:
-            _append(
-                call,
-                attempts,
-                AttemptRecord(
-                    attempt=len(attempts) + 1,
-                    model="static",
-                    status="ok",
-                    elapsed_ms=0,
-                    detail="every model failed; the step's static answer was used",
-                ),
-            )
-            if call.on_token is not None and call.static_answer:
-                call.on_token(call.static_answer)
-            return LlmAnswer(
-                text=call.static_answer,
-                model="static",
-                endpoint=None,
-                finish_reason="static",
-                attempts=attempts,
-            )
-        summary = "; ".join(f"{a.model}: {a.status} ({a.detail})" for a in attempts) or "nothing"
-        if not tried:
-            raise NoEndpoint(
-                f"no model of step {call.step_id!r} has an endpoint to try: {summary}", attempts
-            )
-        raise DispatchFailed(f"no model answered step {call.step_id!r}: {summary}", attempts)
+            return static_answer(call, attempts)
+        raise no_answer(call, attempts, tried=tried)
 
     def expected(self, key: str, call: LlmCall, max_tokens: int, q: float) -> float | None:
         """The ``q`` quantile of the seconds ``key`` is expected to need for ``call``."""
@@ -181,22 +152,6 @@ class Dispatcher:
         """Close every backend."""
         for backend in self._backends.values():
             await backend.close()
-
-
-def _append(call: LlmCall, attempts: list[AttemptRecord], record: AttemptRecord) -> None:
-    attempts.append(record)
-    if call.on_attempt is not None:
-        call.on_attempt(record)
-
-
-def _skip(call: LlmCall, attempts: list[AttemptRecord], model: str, detail: str) -> None:
-    _append(
-        call,
-        attempts,
-        AttemptRecord(
-            attempt=len(attempts) + 1, model=model, status="skipped", elapsed_ms=0, detail=detail
-        ),
-    )
 
 
 class _Skipped(BackendError):
@@ -267,7 +222,7 @@ class _ModelTry:
         rest = self.d.next_candidates(self.rest, call, self.max_tokens)
         # Skipping a slow candidate saves time only for something after it: the last one is
         # tried with what is left (a near miss often answers; a skip never does).
-        if too_slow(p50, left, keep_partial=call.keep_partial or not _worth_saving_for(rest)):
+        if too_slow(p50, left, keep_partial=call.keep_partial or not worth_saving_for(rest)):
             assert p50 is not None
             why = (
                 f"its expected p50 of {p50 * 1000:.0f}ms for this request does not fit the "
@@ -299,7 +254,7 @@ class _ModelTry:
         in_flight = self.d._in_flight
         in_flight[model] = in_flight.get(model, 0) + 1
         try:
-            got = await _bounded(
+            got = await bounded(
                 self.backend.complete(
                     attempt,
                     model,
@@ -310,7 +265,7 @@ class _ModelTry:
                 ),
                 end,
             )
-            _check_answer(call, got)
+            check_answer(call, got)
         except BackendError as exc:
             elapsed = (time.perf_counter() - started) * 1000
             if exc.error_class == "unavailable":
@@ -419,45 +374,3 @@ class _ModelTry:
 
     def _stop(self, state: RetryCallState) -> bool:
         return isinstance(self.decision, MoveOn)
-
-
-async def _bounded(work: Coroutine[Any, Any, BackendAnswer], end: float) -> BackendAnswer:
-    """Await a backend attempt, cancelling it a little after ``end`` (backends stop by then);
-    one that does not wind down at once is abandoned (:func:`chainrt._bounded.within`)."""
-    try:
-        return await within(work, max(end - time.time(), 0) + _GUARD_SLACK_S)
-    except TimeoutError:
-        raise BackendError(
-            "attempt ran past its end and was cancelled", error_class="timeout"
-        ) from None
-
-
-def _check_answer(call: LlmCall, got: BackendAnswer) -> None:
-    if got.finish_reason == "deadline" and not call.keep_partial:
-        raise BackendError(
-            "generation cut off by the deadline",
-            error_class="timeout",
-            endpoint=got.endpoint,
-        )
-    if (call.json_output or call.json_schema is not None) and got.finish_reason != "deadline":
-        try:
-            value = json.loads(got.text)
-        except ValueError:
-            raise BackendError(
-                f"output is not valid JSON: {got.text[:80]!r}",
-                error_class="bad_output",
-                endpoint=got.endpoint,
-            ) from None
-        problem = None if call.json_schema is None else schema_violation(value, call.json_schema)
-        if problem is not None:
-            raise BackendError(
-                f"output does not match the step's JSON Schema ({problem}): {got.text[:80]!r}",
-                error_class="bad_output",
-                endpoint=got.endpoint,
-            )
-
-
-def _worth_saving_for(rest: list[NextCandidate]) -> bool:
-    """Whether anything after the current candidate could still answer (a usable model, or the
-    static answer)."""
-    return any(candidate.static or candidate.usable for candidate in rest)
