@@ -4,6 +4,8 @@ Channels (default prefix ``chainrt``; see ``docs/serve.md`` for the whole key la
 
     chainrt:cancel            a run id: "this run was cancelled; its owner stops it now"
     chainrt:events:<run_id>   one JSON run event (DESIGN §13) per message, from the run's owner
+    chainrt:run-changes       {"run_id", "status"}: a run was created, started, ended or was
+                              cancelled (the runs list's live feed, ``serve/_feed.py``)
 
 Pub/sub is a notification, never the record: a cancel is written to the store first (the owner
 is fenced out even if it misses the message), and an event stream starts from the stored history.
@@ -26,7 +28,7 @@ from redis import exceptions as rx
 from ._events import RunEvent
 from .store._cluster import split_options
 
-__all__ = ["CancelBus", "EventPublisher", "cancel_channel", "events_channel"]
+__all__ = ["CancelBus", "EventPublisher", "cancel_channel", "events_channel", "runs_channel"]
 
 log = logging.getLogger("chainrt.bus")
 
@@ -43,6 +45,25 @@ def cancel_channel(prefix: str = _PREFIX) -> str:
 def events_channel(run_id: str, prefix: str = _PREFIX) -> str:
     """The channel a run's owner publishes its live events on."""
     return f"{prefix}:events:{run_id}"
+
+
+def runs_channel(prefix: str = _PREFIX) -> str:
+    """The channel runners announce runs-list changes on (a run created, started, ended)."""
+    return f"{prefix}:run-changes"
+
+
+def _notice(run_id: str, status: str | None) -> str:
+    return json.dumps({"run_id": run_id, "status": status})
+
+
+def _event_notice(event: RunEvent) -> str | None:
+    """The runs-list notice a run event stands for (a run started or ended), if any."""
+    if event.type == "run_started":
+        return _notice(event.run_id, "running")
+    if event.type == "run_finished":
+        status = event.data.get("status")
+        return _notice(event.run_id, status if isinstance(status, str) else None)
+    return None
 
 
 def _client(url: str) -> aioredis.Redis:
@@ -111,17 +132,25 @@ class CancelBus:
 
 class EventPublisher:
     """Publishes run events for watchers on other processes, off the run's path: ``publish``
-    only queues; a background task sends what is queued in pipelined batches."""
+    only queues; a background task sends what is queued in pipelined batches. A run's
+    ``run_started`` and ``run_finished`` are also announced on :func:`runs_channel`, as are the
+    changes :meth:`announce` is told of."""
 
     def __init__(self, url: str, prefix: str = _PREFIX) -> None:
         self._url = url
         self._prefix = prefix
-        self._queue: asyncio.Queue[RunEvent] = asyncio.Queue()
+        self._queue: asyncio.Queue[RunEvent | tuple[str, str | None]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
     def publish(self, event: RunEvent) -> None:
         """Queue ``event`` for publication (never blocks, never fails the run)."""
         self._queue.put_nowait(event)
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._send())
+
+    def announce(self, run_id: str, status: str | None) -> None:
+        """Queue a runs-list notice: ``run_id`` changed (to ``status`` when known)."""
+        self._queue.put_nowait((run_id, status))
         if self._task is None:
             self._task = asyncio.ensure_future(self._send())
 
@@ -134,9 +163,15 @@ class EventPublisher:
                     batch.append(self._queue.get_nowait())
                 try:
                     async with client.pipeline(transaction=False) as pipe:
-                        for event in batch:
-                            channel = events_channel(event.run_id, self._prefix)
-                            pipe.publish(channel, json.dumps(event.to_dict()))
+                        for item in batch:
+                            if isinstance(item, tuple):
+                                pipe.publish(runs_channel(self._prefix), _notice(*item))
+                                continue
+                            channel = events_channel(item.run_id, self._prefix)
+                            pipe.publish(channel, json.dumps(item.to_dict()))
+                            notice = _event_notice(item)
+                            if notice is not None:
+                                pipe.publish(runs_channel(self._prefix), notice)
                         await pipe.execute()
                 except (rx.RedisError, OSError) as exc:
                     log.warning("%d run events not published (%s)", len(batch), exc)

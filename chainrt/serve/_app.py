@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute
@@ -260,6 +260,20 @@ def create_app(
 
         return StreamingResponse(
             stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @app.get("/v1/events/runs")
+    async def runs_events(
+        last_event_id: str | None = Header(None, description="Set by EventSource on reconnect."),
+    ) -> StreamingResponse:
+        """Server-Sent Events of the runs list: a ``run`` event (``change``: created or status,
+        and the fields of a ``GET /v1/runs`` row) each time a run is created or changes status.
+        A client that reconnects with ``Last-Event-ID`` gets what it missed, or a ``reload``
+        event (read the list again); a new stream starts with ``reload``."""
+        return StreamingResponse(
+            service.feed.stream(last_event_id),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
     @app.get("/health/live")

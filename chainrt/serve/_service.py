@@ -40,6 +40,7 @@ from .._runner import check_inputs
 from .._runtime import Runtime
 from ..spec import load_spec
 from ..store._records import RunRecord, StepRecord
+from ._feed import RunsFeed
 from ._models import ServeConfig, SubmitRequest
 from ._queue import Delivery, Entry, LocalQueue, RedisQueue, RunQueue
 
@@ -93,6 +94,7 @@ class Service:
         self._slot_freed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._publisher: Any = None
+        self.feed = RunsFeed(None)  # the runs list, live (its store is set in start())
         self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifetime
@@ -109,8 +111,11 @@ class Service:
             )
             self._publisher = EventPublisher(self.runtime.store.raw_url)
             self.runtime.event_sinks.append(self._publisher.publish)
+            self.feed.bus_url = self.runtime.store.raw_url
         else:
             await self._recover_local()
+        self.feed.store = self.runtime.store
+        self.runtime.event_sinks.append(self.feed.observe)
         self._tasks = [
             asyncio.ensure_future(self._take_loop()),
             asyncio.ensure_future(self._maintenance_loop()),
@@ -126,6 +131,7 @@ class Service:
         hand their entries back, close everything."""
         drain_s = self.config.drain_s if drain_s is None else drain_s
         self.draining = True
+        await self.feed.close()  # runs-list streams end: their clients reconnect elsewhere
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -227,6 +233,7 @@ class Service:
                 await self.queue.put(Entry(existing.run_id), request.priority)
             return SubmitOutcome("existing", existing)
         await self.queue.put(Entry(record.run_id), request.priority)
+        self._changed(record.run_id, "queued")
         return SubmitOutcome("created", record)
 
     async def result(self, run_id: str, wait_s: float = 0.0) -> RunResult:
@@ -243,7 +250,15 @@ class Service:
 
     async def cancel(self, run_id: str) -> RunResult:
         """Cancel a run (queued: it never starts; running: it stops within a second)."""
-        return await self.runtime.cancel(run_id)
+        result = await self.runtime.cancel(run_id)
+        self._changed(run_id, None)
+        return result
+
+    def _changed(self, run_id: str, status: str | None) -> None:
+        """Tell the runs list here and (through Redis) on the other runners."""
+        self.feed.notify(run_id, status)
+        if self._publisher is not None:
+            self._publisher.announce(run_id, status)
 
     async def resume(self, run_id: str, budget: str | float | None) -> RunRecord:
         """Queue a resume of a run that stopped (partial, failed, rejected, cancelled)."""
