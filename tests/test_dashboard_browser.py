@@ -1,11 +1,12 @@
 """The dashboard (``/ui/``) in a real headless Chromium, against a real ``chainrt serve`` on Redis
-and a real worker (the in-process local model) answering for the fallback model.
+and a real worker answering for the fallback model (SmolLM2 on llama.cpp; on the torch engine
+with ``CHAINRT_DASHBOARD_ENGINE=torch``).
 
 Runs made once for the module: completed (``steps``), partial with a fallback (``agent``: its
 primary model's endpoint refuses connections, its budget ends in the second step), running
 (``solo`` holding the key ``solo`` for minutes, its input carrying ``<script>``) and rejected
 (a second ``solo`` run that cannot get the key in its 300 ms). Tests that change a run (cancel,
-resume) make their own.
+resume), watch the list live or watch an LLM step stream (``talk``) make their own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -25,6 +27,8 @@ from chainrt.testing.serve_process import ServeProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHAINS = Path(__file__).parent / "data" / "dashboard"
+ENGINE = os.environ.get("CHAINRT_DASHBOARD_ENGINE", "local")
+"""The worker's engine: the in-process llama.cpp model, or ``torch`` where llama.cpp cannot run."""
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 pytestmark = [
@@ -70,7 +74,7 @@ def server(
     client.flushall()
     client.close()
     worker = WorkerProcess(
-        "--engine", "local",
+        "--engine", ENGINE,
         "--served-model-name", "smol",
         "--health-interval", "300",
         "--log-level", "warning",
@@ -199,12 +203,73 @@ def test_older_runs_follows_the_cursor(page: Page, runs: dict[str, str]) -> None
     assert len(set(rows)) == 4  # the next page, not the first again
 
 
-def test_list_is_live(page: Page, server: ServeProcess, runs: dict[str, str]) -> None:
+def list_reads(p: Any) -> list[str]:
+    """Every request the page makes to the list endpoint from now on (the list is mutated)."""
+    seen: list[str] = []
+    p.on("request", lambda r: seen.append(r.url) if urlsplit(r.url).path == "/v1/runs" else None)
+    return seen
+
+
+def test_list_is_live_through_the_stream(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
     p = page.goto("/ui/")
+    p.wait_for_selector("body[data-live='stream']")  # the stream is open, the list read once
     p.wait_for_selector("#runs tbody tr[data-run-id='done-1']")
-    submit(server, "steps", "live-1", {"a": 0.0, "b": 0.0, "c": 0.0})
-    p.wait_for_selector("#runs tbody tr[data-run-id='live-1'][data-status='completed']")
+    assert p.locator("#live").inner_text() == "live"
+    reads = list_reads(p)
+    # Submitted after the page loaded: it appears at the top and its status changes in place.
+    # Its first step takes 2.5 s: longer than the 2 s between the reads of a polling page.
+    submit(server, "steps", "live-1", {"a": 2.5, "b": 0.0, "c": 0.0})
+    p.wait_for_selector("#runs tbody tr[data-run-id='live-1'][data-status='running']")
     assert row_ids(p)[0] == "live-1"
+    p.wait_for_selector("#runs tbody tr[data-run-id='live-1'][data-status='completed']")
+    assert p.locator("tr[data-run-id='live-1'] .status").inner_text() == "completed"
+    assert row_ids(p)[0] == "live-1"
+    assert reads == []  # no polling: the stream told it all
+    assert p.locator("tr[data-run-id='live-1']").count() == 1
+
+
+def test_live_list_respects_the_filters(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
+    p = page.goto("/ui/?status=running&chain=steps")
+    p.wait_for_selector("body[data-live='stream']")
+    reads = list_reads(p)
+    submit(server, "solo", "other-chain", {"seconds": 0.0, "label": "x"}, budget="300ms")
+    submit(server, "steps", "live-2", {"a": 2.5, "b": 0.0, "c": 0.0})
+    # It enters the "running" view when it starts and leaves it when it ends.
+    p.wait_for_selector("#runs tbody tr[data-run-id='live-2'][data-status='running']")
+    wait_status(server, "other-chain", {"completed", "rejected"})
+    p.wait_for_selector("#runs tbody tr[data-run-id='live-2']", state="detached")
+    assert wait_status(server, "live-2", {"completed"})["status"] == "completed"
+    assert "other-chain" not in row_ids(p)  # another chain: never shown
+    assert reads == []
+
+
+def test_run_page_shows_tokens_while_the_step_streams(
+    page: Page, server: ServeProcess, runs: dict[str, str]
+) -> None:
+    submit(server, "talk", "talk-1", {})
+    wait_status(server, "talk-1", {"running"})
+    p = page.goto("/ui/runs/talk-1")
+    # Tokens shown while the step is still running (drawn from token events, not a record).
+    shown = p.wait_for_function(
+        """() => {
+            const step = document.querySelector("li.step[data-step='say']");
+            const tokens = step && step.querySelector("pre.tokens");
+            const ok = tokens && tokens.textContent.length >= 8 && step.dataset.status === "running";
+            return ok ? tokens.textContent : null;
+        }""",
+        timeout=60_000,
+    ).json_value()
+    p.wait_for_selector("body[data-stream='ended']", timeout=90_000)
+    final = server.get("/v1/runs/talk-1").json()
+    assert final["status"] == "completed", final
+    output = final["output"]
+    assert output.startswith(shown)  # the streamed text is the answer's beginning ...
+    assert len(shown) < len(output)  # ... shown before the whole answer was there
+    page.shot("dashboard-run-tokens.png")
 
 
 def test_waterfall_bars_are_proportional_to_elapsed(
