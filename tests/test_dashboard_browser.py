@@ -1,6 +1,5 @@
 """The dashboard (``/ui/``) in a real headless Chromium, against a real ``chainrt serve`` on Redis
-and a real worker answering for the fallback model (SmolLM2 on llama.cpp; on the torch engine
-with ``CHAINRT_DASHBOARD_ENGINE=torch``).
+and a real worker (the in-process local model) answering for the fallback model.
 
 Runs made once for the module: completed (``steps``), partial with a fallback (``agent``: its
 primary model's endpoint refuses connections, its budget ends in the second step), running
@@ -27,8 +26,6 @@ from chainrt.testing.serve_process import ServeProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHAINS = Path(__file__).parent / "data" / "dashboard"
-ENGINE = os.environ.get("CHAINRT_DASHBOARD_ENGINE", "local")
-"""The worker's engine: the in-process llama.cpp model, or ``torch`` where llama.cpp cannot run."""
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 pytestmark = [
@@ -74,7 +71,7 @@ def server(
     client.flushall()
     client.close()
     worker = WorkerProcess(
-        "--engine", ENGINE,
+        "--engine", "local",
         "--served-model-name", "smol",
         "--health-interval", "300",
         "--log-level", "warning",
