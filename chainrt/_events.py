@@ -80,6 +80,8 @@ def _attempt(run_id: str, step_id: str, attempt: AttemptRecord, ts: float) -> Ru
         "ms": attempt.elapsed_ms,
         "why": attempt.detail,
     }
+    if attempt.hedge is not None:  # one of a hedged pair: the other attempt's number
+        data["hedge"] = attempt.hedge
     return RunEvent("attempt", run_id, ts, step_id, data)
 
 

@@ -50,6 +50,8 @@ def llm_call(step: StepSpec, scope: dict[str, Any], run_id: str) -> LlmCall:
         json_output=llm.json_output or llm.json_schema is not None,
         json_schema=llm.json_schema,
         stop=llm.stop,
+        hedge_quantile=None if llm.hedge is None else llm.hedge.quantile,
+        hedge_after_ms=None if llm.hedge is None else llm.hedge.delay_ms,
         fallbacks=list(step.fallbacks),
         static_answer=None
         if step.static_answer is None

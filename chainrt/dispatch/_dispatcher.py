@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping
 
@@ -21,8 +22,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from ..errors import BackendError, DispatchFailed
 from ..store._records import AttemptRecord
-from ._backend import BackendAnswer, ModelBackend
+from ._backend import BackendAnswer, ModelBackend, TextSink
 from ._checks import bounded, check_answer, worth_saving_for
+from ._hedge import log_pair, run_hedged, wants_hedge
 from ._hops import answer_hops
 from ._latency import LatencyTracker, estimate_prompt_tokens, too_slow
 from ._outcome import no_answer, skip, static_answer
@@ -191,6 +193,8 @@ class _ModelTry:
         self.avoid: set[str] = set()
         self.reserve_s = 0.0
         self.decision: Retry | MoveOn | None = None
+        self.paired = False
+        """The current attempt was a hedged pair (both already in the attempt log)."""
 
     async def run(self) -> LlmAnswer | None:
         retrying = AsyncRetrying(
@@ -251,22 +255,16 @@ class _ModelTry:
             attempt=len(self.attempts) + 1,
             judged_after_s=judged_after(self.d.expected(model, call, self.max_tokens, 0.9)),
         )
-        in_flight = self.d._in_flight
-        in_flight[model] = in_flight.get(model, 0) + 1
+        avoid = frozenset(self.avoid)
+        self.paired = False
         try:
-            got = await bounded(
-                self.backend.complete(
-                    attempt,
-                    model,
-                    self.max_tokens,
-                    end,
-                    avoid=frozenset(self.avoid),
-                    on_text=call.on_token,
-                ),
-                end,
-            )
-            check_answer(call, got)
+            if wants_hedge(call, self.backend, avoid):
+                got, started = await self._hedged(attempt, avoid, end, started)
+            else:
+                got = await self._launch(attempt, avoid, call.on_token, end)
         except BackendError as exc:
+            if self.paired:  # both attempts of a hedged pair are in the log already
+                raise
             elapsed = (time.perf_counter() - started) * 1000
             if exc.error_class == "unavailable":
                 self._log("skipped", elapsed, None, exc.message)
@@ -275,13 +273,12 @@ class _ModelTry:
             if exc.endpoint is not None:
                 self.avoid.add(exc.endpoint)
             raise
-        finally:
-            in_flight[model] -= 1
         elapsed = (time.perf_counter() - started) * 1000
         status = "ok" if got.finish_reason != "deadline" else "deadline"
         if status == "ok":
             self._record(got, elapsed / 1000)
-        self._log(status, elapsed, got.endpoint, None, got=got)
+        if not self.paired:
+            self._log(status, elapsed, got.endpoint, None, got=got)
         return LlmAnswer(
             text=got.text,
             model=model,
@@ -292,6 +289,52 @@ class _ModelTry:
             attempts=self.attempts,
             confidence=got.confidence,
         )
+
+    async def _launch(
+        self, attempt: LlmCall, avoid: frozenset[str], sink: TextSink | None, end: float
+    ) -> BackendAnswer:
+        """One attempt on the backend, bounded by its end, its answer checked."""
+        in_flight = self.d._in_flight
+        in_flight[self.model] = in_flight.get(self.model, 0) + 1
+        try:
+            got = await bounded(
+                self.backend.complete(
+                    attempt, self.model, self.max_tokens, end, avoid=avoid, on_text=sink
+                ),
+                end,
+            )
+        finally:
+            in_flight[self.model] -= 1
+        check_answer(self.call, got)
+        return got
+
+    async def _hedged(
+        self, attempt: LlmCall, avoid: frozenset[str], end: float, started: float
+    ) -> tuple[BackendAnswer, float]:
+        """The attempt, hedged when slow (:mod:`._hedge`): the answer and when its leg started."""
+        legs, winner = await run_hedged(
+            attempt,
+            functools.partial(self._launch, end=end),
+            model=self.model,
+            backend=self.backend,
+            latency=self.d.latency,
+            avoid=avoid,
+            end=end,
+        )
+        if len(legs) == 1:  # no hedge started: an ordinary attempt
+            if legs[0].error is not None:
+                raise legs[0].error
+            assert legs[0].answer is not None
+            return legs[0].answer, started
+        self.paired = True
+        error = log_pair(legs, winner, self._log)
+        for leg in legs:
+            if leg.error is not None and leg.error.endpoint is not None:
+                self.avoid.add(leg.error.endpoint)
+        if winner is None:
+            raise error or BackendError("hedged pair ended without an answer", error_class="5xx")
+        assert winner.answer is not None
+        return winner.answer, winner.started
 
     def _record(self, got: BackendAnswer, seconds: float) -> None:
         """An answer's time and size, for the model and for its endpoint."""
@@ -314,6 +357,7 @@ class _ModelTry:
         *,
         final: bool = True,
         got: BackendAnswer | None = None,
+        hedge: int | None = None,
     ) -> None:
         """Add an entry to the attempt log; ``final``: tell ``on_attempt`` now (a failure is
         told once the retry decision has been added to its detail, in :meth:`_wait`)."""
@@ -327,6 +371,7 @@ class _ModelTry:
             status=status,
             elapsed_ms=round(elapsed_ms, 3),
             detail=detail,
+            hedge=hedge,
             **({} if got is None else answer_hops(got, elapsed_ms)),
         )
         self.attempts.append(record)

@@ -25,6 +25,7 @@ wrong, retrying cannot help) or ``unavailable`` (no endpoint may be tried now).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import json
 import math
@@ -158,12 +159,14 @@ class HttpBackend(ModelBackend):
         on_text: TextSink | None = None,
     ) -> BackendAnswer:
         self.resources.start()
-        ticket = self._pick(avoid)
+        ticket = self._pick(avoid, call.not_endpoint)
         url = ticket.endpoint.url
         table = self.resources.table
         finished = False
         started = time.monotonic()
         try:
+            if call.on_endpoint is not None:
+                call.on_endpoint(url)
             try:
                 answer = await self._post(call, url, max_tokens, deadline, on_text)
             except BackendError as exc:
@@ -212,10 +215,16 @@ class HttpBackend(ModelBackend):
             return None
         return "low_confidence"
 
-    def _pick(self, avoid: frozenset[str]) -> Ticket:
+    def _pick(self, avoid: frozenset[str], never: str | None = None) -> Ticket:
+        """Choose and admit an endpoint; ``never``: one that must not be chosen (a hedge's
+        first attempt is there)."""
         table = self.resources.table
         now = time.monotonic()
         candidates = table.candidates(self.endpoints, now, avoid)
+        if never is not None:
+            candidates = [
+                dataclasses.replace(c, usable=False) if c.key == never else c for c in candidates
+            ]
         index = choose(candidates, self._rng())
         ticket = None if index is None else table.admit(table.state(candidates[index].key), now)
         if ticket is None:

@@ -162,6 +162,12 @@ class LatencyTracker:
         values = self._recent(key, now)
         return None if values is None else quantile([s.seconds for s in values], 0.9)
 
+    def seconds_quantile(self, key: str, now: float, q: float) -> float | None:
+        """The ``q`` quantile (nearest rank) of ``key``'s recent answer times, whatever their
+        size; None like :meth:`p50` (hedging compares an attempt's time with it)."""
+        values = self._recent(key, now)
+        return None if values is None else quantile([s.seconds for s in values], q)
+
     def expected(
         self, key: str, now: float, *, prompt_tokens: int, max_tokens: int, q: float
     ) -> float | None:

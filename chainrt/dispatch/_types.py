@@ -36,6 +36,11 @@ class LlmCall:
     """on_timeout: partial — return the text generated so far when the deadline hits."""
     shrink_on_memory_pressure: bool = False
     priority: Priority = "normal"
+    hedge_quantile: float | None = None
+    """Hedging (``llm.hedge``): start a second attempt on another endpoint of the model when
+    the first has not answered after this quantile of its endpoint's recent answer times."""
+    hedge_after_ms: float | None = None
+    """Hedging with a fixed delay instead of a percentile (``llm.hedge: {after: 250ms}``)."""
     low_confidence_below: float | None = None
     """An answer scored below this counts as a ``low_confidence`` outcome for the endpoint's
     breaker (the step's ``verify.below``; None: the pool model's ``low_confidence_below``)."""
@@ -54,6 +59,10 @@ class LlmCall:
     every attempt: after a failed one, the next attempt's text starts over)."""
     on_attempt: Callable[[AttemptRecord], None] | None = None
     """Set: each entry of the attempt log is passed here as soon as it is written."""
+    on_endpoint: Callable[[str], None] | None = None
+    """Set by the dispatcher on an attempt's copy: the backend tells the endpoint it picked."""
+    not_endpoint: str | None = None
+    """Set by the dispatcher on a hedge's copy: the endpoint it must not go to (the first's)."""
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from .._errors import BudgetError
 from .._jsonschema import check_schema
 from .._strict import Strict as _Strict
 from ._degrade import DegradeAction
+from ._hedge import HedgeSpec
 from ._verify import VerifySpec
 
 __all__ = [
@@ -174,6 +175,11 @@ class LlmSpec(_Strict):
         description="A JSON Schema the output must match (constrained decoding; implies json).",
     )
     stop: list[str] | None = None
+    hedge: HedgeSpec | None = Field(
+        default=None,
+        description="Start a second attempt on another endpoint of the model when the first "
+        "is slower than this (e.g. {after: p95}); off when absent.",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -69,6 +69,9 @@ class AttemptRecord(_Record):
     hops_ms: dict[str, float] | None = None
     """Where an answered attempt's time went, in ms: ``queue``, ``admission``, ``prefill``,
     ``decode`` (reported by the worker) and ``network`` (the rest of the attempt)."""
+    hedge: int | None = None
+    """In a hedged pair (``llm.hedge``), the number of the pair's other attempt: the one that
+    answered is ``ok``, the other ``cancelled`` (its connection closed) or its own failure."""
 
 
 class StepRecord(_Record):

@@ -39,6 +39,7 @@ __all__ = [
     "GEN_AI_SYSTEM",
     "GEN_AI_USAGE_INPUT_TOKENS",
     "GEN_AI_USAGE_OUTPUT_TOKENS",
+    "HEDGE",
     "HTTP_REQUEST_METHOD",
     "HTTP_RESPONSE_STATUS_CODE",
     "HTTP_ROUTE",
@@ -133,6 +134,10 @@ CONFIDENCE: Final = "chainrt.confidence"
 """The answer's confidence score in [0, 1] (when the model reported one)."""
 HOP_PREFIX: Final = "chainrt.hop_ms."
 """``chainrt.hop_ms.queue|admission|prefill|decode|network``: where an attempt's time went."""
+HEDGE: Final = "chainrt.hedge"
+"""True on the ``llm.dispatch`` span of a hedged attempt (``llm.hedge``: started because the
+attempt before it was slow); the attempt that lost the race ends with ``chainrt.status`` =
+``cancelled``."""
 ENDPOINT: Final = "chainrt.endpoint"
 """The worker endpoint URL an attempt went to (``in-process`` for the local model)."""
 DEADLINE_MS: Final = "chainrt.deadline_ms"

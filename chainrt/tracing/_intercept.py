@@ -19,6 +19,7 @@ and never imports OpenTelemetry; when tracing is off nothing is wrapped at all.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -232,6 +233,7 @@ class TracedBackend(ModelBackend):
             attr.GEN_AI_REQUEST_MODEL: model,
             attr.ATTEMPT_MS: round((deadline - time.time()) * 1000, 3),
             attr.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
+            attr.HEDGE: True if call.not_endpoint is not None else None,
         }
         started = time.perf_counter()
         with self.hooks.span(attr.SPAN_DISPATCH, attributes) as span:
@@ -245,6 +247,9 @@ class TracedBackend(ModelBackend):
                 span.error(exc)
                 endpoint = redact_text(exc.endpoint) if exc.endpoint else exc.endpoint
                 span.set(**{attr.ENDPOINT: endpoint, attr.STATUS: exc.error_class})
+                raise
+            except asyncio.CancelledError:  # a hedge's loser, or the step was cancelled
+                span.set(**{attr.STATUS: "cancelled"})
                 raise
             span.set(
                 **{

@@ -198,7 +198,9 @@ class GenerationHandler:
         try:
             self._admit(slot, prompt_tokens, gen.max_tokens, ctx)
             if self.faults is not None:
-                await self._inject_faults(deadline)
+                # A client that leaves during an injected delay or hang is gone at once (499),
+                # as from the queue: a hedge's loser is seen to disconnect while held here.
+                await run_until_disconnect(request, self._inject_faults(deadline))
             model = ctx.attributes["model"] = lease.served.answer_name(parsed.model)
             hops = server_hops(started, queued, time.perf_counter())
             if parsed.stream:
