@@ -1,4 +1,5 @@
-"""Start real ``chainrt-worker`` processes for the dispatch benchmarks (free port, wait ready)."""
+"""Start real ``chainrt-worker`` processes (or the stub OpenAI server) for the dispatch
+benchmarks: free port, wait until ready."""
 
 from __future__ import annotations
 
@@ -68,14 +69,37 @@ class BenchWorker:
 
 
 @contextlib.contextmanager
-def local_workers(count: int, *extra: str, served: str = "smol") -> Iterator[list[BenchWorker]]:
-    """``count`` local-engine workers serving the model name ``served``."""
+def local_workers(
+    count: int, *extra: str, served: str = "smol", engine: str = "local"
+) -> Iterator[list[BenchWorker]]:
+    """``count`` workers (``engine``: local by default) serving the model name ``served``."""
     started: list[BenchWorker] = []
     try:
         for _ in range(count):
-            args = ["--engine", "local", "--served-model-name", served, "--log-level", "warning"]
+            args = ["--engine", engine, "--served-model-name", served, "--log-level", "warning"]
             started.append(BenchWorker(*args, *extra).start())
         yield started
     finally:
         for worker in started:
             worker.stop()
+
+
+@contextlib.contextmanager
+def stub_server(*extra: str) -> Iterator[str]:
+    """``bench/_stub_openai.py`` in its own process (``extra``: its options); yields its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "_stub_openai.py"), "--port", str(port), *extra]
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _workers import local_workers  # noqa: E402
+from _workers import local_workers, stub_server  # noqa: E402
 
 from chainrt.dispatch import (  # noqa: E402
     BackendAnswer,
@@ -41,7 +40,6 @@ from chainrt.dispatch import (  # noqa: E402
     make_dispatcher,
     parse_pool_config,
 )
-from chainrt.testing.redis_server import free_port  # noqa: E402
 
 MESSAGES = [("user", "Say OK")]
 BLOCK = 200
@@ -50,26 +48,6 @@ BLOCK = 200
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-@contextlib.contextmanager
-def _stub() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "_stub_openai.py"), "--port", str(port)]
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @contextlib.contextmanager
@@ -178,7 +156,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=3000, help="requests per path")
     parser.add_argument("--target", choices=["stub", "worker"], default="stub")
     args = parser.parse_args()
-    with _stub() if args.target == "stub" else _worker() as url:
+    with stub_server() if args.target == "stub" else _worker() as url:
         asyncio.run(_bench(url, args.n, args.target))
 
 

@@ -25,6 +25,7 @@ wrong, retrying cannot help) or ``unavailable`` (no endpoint may be tried now).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import email.utils
 import json
@@ -53,6 +54,8 @@ __all__ = ["HttpBackend", "PoolResources", "error_from_response", "parse_retry_a
 CHAT_PATH = "/v1/chat/completions"
 _MAX_RETRY_AFTER_S = 3600.0
 _DETAIL_CHARS = 200
+_DRAIN_S = 0.05
+"""Longest wait for a streamed body to end after its ``[DONE]``."""
 
 
 class PoolResources:
@@ -305,12 +308,21 @@ async def _stream(
             content = await response.aread()
             raise error_from_response(response.status_code, response.headers, content, url)
         reader = ChunkReader(url)
-        async for line in response.aiter_lines():
+        lines = response.aiter_lines()
+        async for line in lines:
             text = reader.feed(line)
             if text is not None:
                 on_text(text)
             if reader.done:
                 break
+        if reader.done:
+            # The body ends right after [DONE]: reading it to its end keeps the connection in
+            # the pool (an unread body closes it, and the next request pays a new connection
+            # before its first token). A server that does not end it soon is not waited for.
+            with contextlib.suppress(httpx.HTTPError, TimeoutError):
+                async with asyncio.timeout(_DRAIN_S):
+                    async for _ in lines:
+                        pass
         return reader.answer()
 
 
