@@ -1,7 +1,7 @@
 """vLLM engine-core death under load: time to the new core's first answer, failures, breakdown.
 
     flock /tmp/chainrt-heavy.lock .venv/bin/python bench/vllm_recovery.py [--episodes 5]
-        [--clients 4] [--max-tokens 8]
+        [--clients 4] [--max-tokens 8] [--standby]
 
 Starts a real ``chainrt-worker serve --engine vllm`` and runs ``--clients`` threads sending chat
 requests back to back with the official ``openai`` client (no retries: every error counts), while
@@ -12,6 +12,11 @@ and requests served between the death and readiness back. At the end it prints p
 episodes and, from the worker's log, where each rebuild's time went (old core shut down, new
 engine core built — vLLM's own "Model loading took" and "init engine" lines split that — and the
 first token). Figures are what this machine did in this run.
+
+``--standby`` starts the worker with ``--vllm-standby``: each episode waits until the standby
+engine core is ready, kills the *serving* core (its pid from ``/health/ready``) and the worker
+swaps to the standby. It also prints the standby's cost: its resident memory (RSS of the standby
+core process and its children) and its CPU use over 10 s while idle.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -43,7 +49,8 @@ class Seen:
     """Successes (start, end), failures (time, status, Retry-After), readiness samples."""
 
     ok: list[tuple[float, float]] = field(default_factory=list)
-    failed: list[tuple[float, int, str]] = field(default_factory=list)
+    failed: list[tuple[float, int, str, float]] = field(default_factory=list)
+    """(failed at, status, Retry-After, sent at)."""
     ready: list[tuple[float, bool]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -60,11 +67,11 @@ def client_loop(base: str, seen: Seen, max_tokens: int) -> None:
                 )
             except openai.APIStatusError as exc:
                 wait = exc.response.headers.get("retry-after", "-")
-                seen.failed.append((time.monotonic(), exc.status_code, wait))
+                seen.failed.append((time.monotonic(), exc.status_code, wait, started))
                 time.sleep(0.05)
                 continue
             except openai.APIError as exc:
-                seen.failed.append((time.monotonic(), 0, type(exc).__name__))
+                seen.failed.append((time.monotonic(), 0, type(exc).__name__, started))
                 time.sleep(0.05)
                 continue
             seen.ok.append((started, time.monotonic()))
@@ -82,6 +89,43 @@ def poll_ready(base: str, seen: Seen) -> None:
             time.sleep(0.05)
 
 
+def engine_state(base: str) -> dict[str, Any]:
+    """The worker's ``engine_state`` from ``/health/ready``."""
+    state: dict[str, Any] = httpx.get(f"{base}/health/ready", timeout=30).json()["engine_state"]
+    return state
+
+
+def wait_standby(base: str, timeout_s: float = 400.0) -> dict[str, Any]:
+    """Wait until the standby core is ready; the engine state then."""
+    stop = time.monotonic() + timeout_s
+    while time.monotonic() < stop:
+        state = engine_state(base)
+        if state.get("standby", {}).get("state") == "ready":
+            return state
+        time.sleep(0.25)
+    raise RuntimeError(f"no standby core within {timeout_s}s")
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def standby_cost(pid: int, seconds: float = 10.0) -> str:
+    """RSS and idle CPU (share of one core over ``seconds``) of the standby core's tree."""
+    procs = tree(pid)
+    rss = sum(p.memory_info().rss for p in procs)
+    before = sum(sum(p.cpu_times()[:2]) for p in procs)
+    time.sleep(seconds)
+    after = sum(sum(p.cpu_times()[:2]) for p in procs)
+    names = ", ".join(sorted({p.name() for p in procs}))
+    return (
+        f"standby core tree ({len(procs)} processes: {names}): RSS {rss / 2**20:.0f} MiB; "
+        f"idle CPU {100 * (after - before) / seconds:.1f} % of one core over {seconds:.0f} s"
+    )
+
+
 def engine_core(pid: int) -> psutil.Process:
     """The worker's ``VLLM::EngineCore`` child."""
     for child in psutil.Process(pid).children(recursive=True):
@@ -93,9 +137,9 @@ def engine_core(pid: int) -> psutil.Process:
 def episode(worker: BenchWorker, seen: Seen, timeout_s: float) -> dict[str, float | str]:
     """Kill the engine core once; wait for an answer after it and for readiness."""
     assert worker.process is not None
-    core = engine_core(worker.process.pid)
+    core_pid = engine_state(worker.base).get("core_pid") or engine_core(worker.process.pid).pid
     died = time.monotonic()
-    os.kill(core.pid, signal.SIGKILL)
+    os.kill(core_pid, signal.SIGKILL)
     first = back = None
     while time.monotonic() - died < timeout_s:
         time.sleep(0.05)
@@ -110,12 +154,14 @@ def episode(worker: BenchWorker, seen: Seen, timeout_s: float) -> dict[str, floa
     if first is None or back is None:
         raise RuntimeError(f"no recovery within {timeout_s}s")
     fails = [f for f in seen.failed if died <= f[0] <= back]
-    statuses = sorted({f"{status}(Retry-After {wait})" for _, status, wait in fails})
+    statuses = sorted({f"{status}(Retry-After {wait})" for _, status, wait, _ in fails})
     served = sum(1 for _, end in seen.ok if died < end < back)
+    late = [f for f in fails if f[3] > died]  # sent after the death: arrived during recovery
     return {
         "first_answer_s": first - died,
         "ready_s": back - died,
         "failed": len(fails),
+        "failed_late": len(late),
         "served": served,
         "statuses": ", ".join(statuses) or "-",
     }
@@ -123,7 +169,10 @@ def episode(worker: BenchWorker, seen: Seen, timeout_s: float) -> dict[str, floa
 
 def breakdown(log: str) -> list[str]:
     """The rebuild lines of the worker's log (ours and vLLM's own timings)."""
-    wanted = re.compile(r"vLLM rebuild:|Model loading took|init engine \(|recovered from")
+    wanted = re.compile(
+        r"vLLM rebuild:|Model loading took|init engine \(|recovered from|swapped to the standby"
+        r"|standby engine core ready"
+    )
     return [line.strip()[-160:] for line in log.splitlines() if wanted.search(line)]
 
 
@@ -134,8 +183,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--settle", type=float, default=3.0, help="seconds between episodes")
+    parser.add_argument("--standby", action="store_true", help="run with --vllm-standby")
     args = parser.parse_args()
-    worker = BenchWorker("--engine", "vllm", "--served-model-name", "smol")
+    flags = ("--vllm-standby",) if args.standby else ()
+    worker = BenchWorker("--engine", "vllm", "--served-model-name", "smol", *flags)
     seen = Seen()
     results: list[dict[str, float | str]] = []
     started = time.monotonic()
@@ -143,6 +194,14 @@ def main() -> int:
     try:
         worker.start(timeout_s=400)
         print(f"worker ready in {time.monotonic() - started:.1f} s", flush=True)
+        if args.standby:
+            state = wait_standby(worker.base)
+            print(
+                f"standby ready {time.monotonic() - started:.1f} s after the start "
+                f"(its build: {state['standby']['build_seconds']:.1f} s)",
+                flush=True,
+            )
+            print(standby_cost(int(state["standby"]["core_pid"])), flush=True)
         threads = [
             threading.Thread(target=client_loop, args=(worker.base, seen, args.max_tokens))
             for _ in range(args.clients)
@@ -152,11 +211,14 @@ def main() -> int:
             thread.start()
         for number in range(1, args.episodes + 1):
             time.sleep(args.settle)
+            if args.standby:
+                wait_standby(worker.base)
             result = episode(worker, seen, timeout_s=300)
             results.append(result)
             print(
                 f"episode {number}: death -> first answer {result['first_answer_s']:.2f} s, "
                 f"-> ready {result['ready_s']:.2f} s; failed {result['failed']} "
+                f"({result['failed_late']} sent after the death) "
                 f"[{result['statuses']}]; served during recovery {result['served']}",
                 flush=True,
             )

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="body limit (1 MiB)")
     serve.add_argument("--health-interval", type=float, default=15.0, help="seconds (15)")
     serve.add_argument(
+        "--recovery-wait",
+        type=float,
+        default=2.0,
+        help="seconds a request waits for an engine recovery before 503, within its deadline (2)",
+    )
+    serve.add_argument(
         "--enable-fault-injection",
         action="store_true",
         help="serve POST /admin/faults (tests and drills only; never in production)",
@@ -76,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKEN",
         help="serve POST /admin/reload for callers sending this bearer token "
         "(default: $CHAINRT_ADMIN_TOKEN; neither: no admin routes)",
+    )
+    serve.add_argument(
+        "--vllm-standby",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="vllm: keep a warm standby engine core for recovery and reload (default off: it "
+        "doubles the engine's memory)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
@@ -92,8 +105,14 @@ def make_engine(
     *,
     served_model_name: str | None = None,
     max_model_len: int | None = None,
+    standby: bool = False,
 ) -> Engine:
-    """Create (not start) an engine of ``kind``, importing only that engine's module."""
+    """Create (not start) an engine of ``kind``, importing only that engine's module.
+
+    ``standby`` (vllm only) keeps a warm standby engine core.
+    """
+    if standby and kind != "vllm":
+        raise WorkerError(f"--vllm-standby applies to --engine vllm only, not {kind}")
     module_name, _, class_name = ENGINES[kind].partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -107,6 +126,8 @@ def make_engine(
         kwargs["model_name"] = served_model_name
     if max_model_len is not None:
         kwargs["n_ctx" if kind == "local" else "max_model_len"] = max_model_len
+    if standby:
+        kwargs["standby"] = True
     if kind == "local":
         kwargs["model_path"] = model
     elif model is not None:
@@ -151,6 +172,7 @@ async def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             enable_fault_injection=args.enable_fault_injection,
             health_interval_s=args.health_interval,
+            recovery_wait_s=args.recovery_wait,
             admin_token=args.admin_token or os.environ.get("CHAINRT_ADMIN_TOKEN") or None,
         )
     except ValidationError as exc:
@@ -161,12 +183,17 @@ async def _serve(args: argparse.Namespace) -> int:
         args.model,
         served_model_name=(args.served_model_names or [None])[0],
         max_model_len=args.max_model_len,
+        standby=args.vllm_standby,
     )
     await engine.start()  # here, so a model that cannot load is one clear line, not a traceback
 
     def reload_engine(model: str | None, name: str | None) -> Engine:
         return make_engine(
-            args.engine, model, served_model_name=name, max_model_len=args.max_model_len
+            args.engine,
+            model,
+            served_model_name=name,
+            max_model_len=args.max_model_len,
+            standby=args.vllm_standby,
         )
 
     app = create_app(

@@ -195,6 +195,10 @@ class Engine(abc.ABC):
         """Memory figures for admission control; None when the engine cannot tell."""
         return None
 
+    def state(self) -> dict[str, Any]:
+        """Engine-specific facts for ``/health/ready`` (vLLM: engine core pids, standby)."""
+        return {}
+
     def recovery_estimate_s(self) -> float | None:
         """Seconds a rebuild by :meth:`recover` is expected to take (None: no idea; quick).
 

@@ -6,7 +6,9 @@ runner) lives in a child process, ``VLLM::EngineCore``, which on CPU spawns a ``
 its own. When the engine core dies — killed, out of memory, a crashed kernel — every request in
 flight fails with ``EngineDeadError`` and stock vLLM stays dead until its process is restarted.
 Here that maps to ``chainrt.EngineDead`` and :meth:`VllmEngine.recover` shuts the dead client down
-and builds a new ``AsyncLLM`` (a new engine core) inside the same worker process.
+and builds a new ``AsyncLLM`` (a new engine core) inside the same worker process — or, with
+``standby=True``, swaps in a warm standby core built ahead of time
+(:mod:`workers.engines._vllm_standby`) and builds the next standby in the background.
 
 Prompts are tokenised here with the model's own tokenizer and chat template and handed to vLLM as
 token ids, so :meth:`VllmEngine.count_tokens` is exactly what the engine sees. A deadline aborts
@@ -29,7 +31,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from chainrt.errors import EngineDead, EngineOOM, WorkerError
+from chainrt.errors import EngineDead, WorkerError
 
 from ._base import (
     Engine,
@@ -38,17 +40,20 @@ from ._base import (
     MemoryStats,
     StreamDelta,
 )
-from ._confidence import TOP_K, confidence_score
+from ._confidence import confidence_score
 from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
+from ._vllm_standby import StandbyCore
 from ._vllm_support import (
     DTYPE_BYTES,
     KvUsage,
+    core_pid,
     finish_reason,
     import_vllm,
-    is_oom,
     raise_native_oom,
+    sampling_params,
     shutdown_llm,
     token_top_logprobs,
+    translate_error,
 )
 
 __all__ = ["VllmEngine"]
@@ -59,6 +64,10 @@ _CPU_KV_CACHE_BYTES = 512 * 2**20
 """KV cache of the CPU build unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says otherwise: ~23k tokens
 of SmolLM2 in bf16, about 11 full 2048-token contexts, without taking the host's memory."""
 _PROBE_TIMEOUT_S = 60.0
+_REFILL_DELAY_S = 5.0
+"""After a swap, the next standby core starts building this much later: a build takes the CPU
+(and, in this process, the GIL) for tens of seconds, and the swap's readiness check and the
+requests that waited for it must run first."""
 
 
 class VllmEngine(Engine):
@@ -78,13 +87,15 @@ class VllmEngine(Engine):
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool = True,
         engine_args: dict[str, Any] | None = None,
+        standby: bool = False,
     ) -> None:
         """Configure (nothing loads until :meth:`start`).
 
         ``model`` is an HF model directory; None converts/uses the cached SmolLM2 directory
         (:func:`workers.engines._hf_cache.ensure_hf_model`). ``kv_cache_bytes`` sizes the KV cache
         (default on CPU: 512 MiB unless ``VLLM_CPU_KVCACHE_SPACE`` is set; on GPU vLLM's
-        ``gpu_memory_utilization`` rule). ``engine_args`` are passed to ``AsyncEngineArgs`` as is.
+        ``gpu_memory_utilization`` rule). ``engine_args`` are passed to ``AsyncEngineArgs`` as is. ``standby`` keeps a second,
+        idle engine core warm for :meth:`recover` (its memory doubles the engine's; off by default).
         """
         if dtype not in DTYPE_BYTES:
             raise WorkerError(f"{dtype=} is not one of {sorted(DTYPE_BYTES)}")
@@ -106,6 +117,10 @@ class VllmEngine(Engine):
         self._kv = KvUsage()
         self._lifecycle: asyncio.Lock | None = None
         self._aborts: set[asyncio.Task[None]] = set()
+        self._retired: set[asyncio.Task[None]] = set()
+        self._standby = StandbyCore(self._new_llm, self._probe) if standby else None
+        self.swap_seconds: float | None = None
+        """How long the last swap to the standby core took (death noticed -> serving again)."""
         self.model_dir: Path | None = None
         """The HF model directory in use (set by :meth:`start`)."""
         self.start_seconds: float | None = None
@@ -121,6 +136,8 @@ class VllmEngine(Engine):
             if self._llm is None:
                 await asyncio.to_thread(self._load)
                 await asyncio.to_thread(self._build)
+                if self._standby is not None:
+                    self._standby.refill()
 
     async def close(self) -> None:
         """Shut the engine core down; requests in flight fail."""
@@ -128,13 +145,18 @@ class VllmEngine(Engine):
             llm, self._llm = self._llm, None
             if llm is not None:
                 await shutdown_llm(llm)
+            if self._standby is not None:
+                await self._standby.close()
+            if self._retired:
+                await asyncio.gather(*self._retired, return_exceptions=True)
 
     async def recover(self) -> None:
         """Make the engine serve again, in this process.
 
         A live engine core (after an EngineOOM) is checked with a one-token generation; a dead
-        one, or one that fails that check, is shut down and replaced by a new AsyncLLM. Raises
-        EngineDead when even the new engine cannot generate.
+        one, or one that fails that check, is replaced: by the warm standby core when there is one
+        (the dead core is shut down in the background, the next standby starts building), else by
+        a new AsyncLLM built now. Raises EngineDead when even the new engine cannot generate.
         """
         async with self._lock():
             llm = self._llm
@@ -143,7 +165,9 @@ class VllmEngine(Engine):
                     await self._probe(llm)
                     return
                 except Exception as exc:  # any failure of the check means: rebuild
-                    _log.warning("vLLM health probe failed (%r); rebuilding the engine", exc)
+                    _log.warning("vLLM health probe failed (%r); replacing the engine", exc)
+            if await self._swap_to_standby(llm):
+                return
             began = time.monotonic()
             self._llm = None
             if llm is not None:
@@ -166,9 +190,55 @@ class VllmEngine(Engine):
                     f"{exc}); the worker must be restarted"
                 ) from exc
 
+    async def _swap_to_standby(self, dead: Any) -> bool:
+        """Serve from the standby core (False: there is none); called under the lifecycle lock."""
+        if self._standby is None:
+            return False
+        began = time.monotonic()
+        spare = await self._standby.take()
+        if spare is None:
+            self._standby.refill()  # for the next death; this one is rebuilt the slow way
+            return False
+        self._llm, self._kv.usage = spare, 0.0
+        self.swap_seconds = time.monotonic() - began
+        self.restarts += 1
+        if dead is not None:  # shutting the dead core down takes ~1 s: not on the way back
+            task = asyncio.create_task(shutdown_llm(dead), name="vllm-retire-core")
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+        del dead
+        _log.info(
+            "vLLM swapped to the standby engine core (pid %s) in %.3f s; building the next",
+            core_pid(spare), self.swap_seconds,
+        )  # fmt: skip
+        self._standby.refill(_REFILL_DELAY_S)
+        return True
+
     def recovery_estimate_s(self) -> float | None:
-        """How long the last build of the engine core took (a rebuild costs about as much)."""
+        """How long a recovery should take: the last swap (at least 1 s) while a standby core is
+        ready or being built, else the last build of the engine core (a rebuild costs as much)."""
+        if self._standby is not None and self._standby.state in ("ready", "building"):
+            if self._standby.state == "ready":
+                return max(1.0, self.swap_seconds or 0.0)
+            return self._standby.build_seconds or self.start_seconds
         return self.start_seconds
+
+    def state(self) -> dict[str, Any]:
+        """The serving engine core's pid and the standby's state (``/health/ready`` shows it)."""
+        llm = self._llm
+        info: dict[str, Any] = {
+            "core_pid": core_pid(llm) if llm is not None else None,
+            "restarts": self.restarts,
+        }
+        if self._standby is not None:
+            info["standby"] = {
+                "state": self._standby.state,
+                "core_pid": self._standby.pid,
+                "builds": self._standby.builds,
+                "build_seconds": self._standby.build_seconds,
+                "error": self._standby.error,
+            }
+        return info
 
     def _lock(self) -> asyncio.Lock:
         # Created on first use so the engine can be constructed outside an event loop.
@@ -177,7 +247,16 @@ class VllmEngine(Engine):
         return self._lifecycle
 
     def _build(self) -> None:
-        """Resolve the model, load the tokenizer and start a new AsyncLLM (blocking)."""
+        """Start a new serving AsyncLLM (blocking); times it in :attr:`start_seconds`."""
+        started = time.monotonic()
+        # Straight into the attribute: no local of this frame may hold the engine
+        # (see _load), or it could never be collected after close().
+        self._llm = self._new_llm()
+        self._kv.usage = 0.0
+        self.start_seconds = time.monotonic() - started
+
+    def _new_llm(self) -> Any:
+        """Resolve the model and start a new AsyncLLM (blocking); returns it."""
         v = self._v
         model_dir = self._model_dir()
         kwargs: dict[str, Any] = {
@@ -199,15 +278,12 @@ class VllmEngine(Engine):
         if self._gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self._gpu_memory_utilization
         kwargs.update(self._extra_args)
-        started = time.monotonic()
         try:
             args = v["AsyncEngineArgs"](**kwargs)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)
-                # Straight into the attribute: no local of this frame may hold the engine
-                # (see _load), or it could never be collected after close().
-                self._llm = v["AsyncLLM"].from_engine_args(
+                return v["AsyncLLM"].from_engine_args(
                     args, stat_loggers=[self._kv.factory(v["StatLoggerBase"])]
                 )
         except Exception as exc:  # vLLM raises RuntimeError/ValueError/... on a failed start
@@ -215,8 +291,6 @@ class VllmEngine(Engine):
                 f"cannot start vLLM on {model_dir} ({type(exc).__name__}: {exc}); see the "
                 "engine core's log above for the cause"
             ) from exc
-        self._kv.usage = 0.0
-        self.start_seconds = time.monotonic() - started
 
     def _load(self) -> None:
         """Import vLLM and load the tokenizer (blocking); a call of its own, before _build.
@@ -263,6 +337,9 @@ class VllmEngine(Engine):
         """
         await self.start()
         llm = self._llm
+        if (llm is None or llm.errored) and self._standby is not None:
+            await self.recover()  # the standby takes over now: this request need not fail
+            llm = self._llm
         if llm is None or llm.errored:
             raise EngineDead("the vLLM engine core is dead; recover() restarts it in process")
         ids = self._prompt_ids(request)
@@ -271,7 +348,7 @@ class VllmEngine(Engine):
             yield StreamDelta("", GenerationResult("", "deadline", len(ids), 0))
             return
         rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
-        params = self._sampling_params(request, self._max_model_len - len(ids))
+        params = sampling_params(self._v, request, self._max_model_len - len(ids))
         deadline_hit = asyncio.Event()
         timer = None
         if left is not None:
@@ -303,7 +380,8 @@ class VllmEngine(Engine):
                     if vllm_reason == "error":  # vLLM's retryable request-level failure
                         raise WorkerError(f"vLLM failed request {rid}; retry it", retryable=True)
         except Exception as exc:
-            raise self._translate(exc, rid, len(ids)) from exc
+            dead = isinstance(exc, self._v["EngineDeadError"]) or bool(llm.errored)
+            raise translate_error(exc, f"request {rid} ({len(ids)} prompt tokens)", dead) from exc
         finally:
             if timer is not None:
                 timer.cancel()
@@ -326,46 +404,6 @@ class VllmEngine(Engine):
         task = asyncio.ensure_future(llm.abort(rid))
         self._aborts.add(task)  # keep a reference until it ran (asyncio holds only weak ones)
         task.add_done_callback(self._aborts.discard)
-
-    def _sampling_params(self, request: GenerationRequest, room: int) -> Any:
-        v = self._v
-        structured = None
-        if request.json_schema is not None:
-            structured = v["StructuredOutputsParams"](json=request.json_schema)
-        elif request.json_output:
-            structured = v["StructuredOutputsParams"](json_object=True)
-        return v["SamplingParams"](
-            max_tokens=max(1, min(request.max_tokens, room)),
-            temperature=max(request.temperature, 0.0),
-            stop=list(request.stop) if request.stop else None,
-            seed=request.seed,
-            structured_outputs=structured,
-            output_kind=v["RequestOutputKind"].DELTA,
-            # The top TOP_K of each token's distribution (raw, before sampling and any JSON
-            # mask) feed the confidence score; vLLM adds the sampled token when it is not in them.
-            logprobs=TOP_K,
-        )
-
-    def _translate(self, exc: Exception, rid: str, prompt_tokens: int) -> Exception:
-        """Map vLLM's failures onto chainrt's OOM / dead-engine line."""
-        what = f"request {rid} ({prompt_tokens} prompt tokens)"
-        if isinstance(exc, WorkerError):
-            return exc
-        if isinstance(exc, self._v["EngineDeadError"]) or (self._llm and self._llm.errored):
-            return EngineDead(
-                f"the vLLM engine core died while serving {what}; recover() restarts it in "
-                "process, then retry"
-            )
-        if is_oom(exc):
-            return EngineOOM(
-                f"vLLM ran out of memory on {what}; only this request failed, retry it or "
-                "lower max_tokens"
-            )
-        if isinstance(exc, ValueError):
-            return WorkerError(f"vLLM refused {what}: {exc}", retryable=False)
-        return WorkerError(
-            f"vLLM failed on {what} ({type(exc).__name__}: {exc}); retry it", retryable=True
-        )
 
     async def _probe(self, llm: Any) -> None:
         """One short deterministic generation straight on ``llm``; raises if it fails."""

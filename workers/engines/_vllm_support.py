@@ -13,19 +13,24 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._base import FinishReason
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
+
+from ._base import FinishReason, GenerationRequest
 from ._confidence import TOP_K
 from ._hf_cache import force_offline
 
 __all__ = [
     "DTYPE_BYTES",
     "KvUsage",
+    "core_pid",
     "finish_reason",
     "import_vllm",
     "is_oom",
     "raise_native_oom",
+    "sampling_params",
     "shutdown_llm",
     "token_top_logprobs",
+    "translate_error",
 ]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -113,6 +118,14 @@ async def shutdown_llm(llm: Any) -> None:
     gc.collect()
 
 
+def core_pid(llm: Any) -> int | None:
+    """The process id of ``llm``'s engine core process (None when vLLM does not say)."""
+    manager = getattr(getattr(llm.engine_core, "resources", None), "engine_manager", None)
+    processes = getattr(manager, "processes", None) or []
+    pid = getattr(processes[0], "pid", None) if processes else None
+    return int(pid) if pid is not None else None
+
+
 def _stop(llm: Any) -> None:
     llm.shutdown(_SHUTDOWN_TIMEOUT_S)
     # vLLM closes its sockets but never its ZeroMQ context, which then warns when collected;
@@ -170,3 +183,46 @@ def raise_native_oom(rid: str) -> None:
     import torch
 
     raise torch.OutOfMemoryError(f"injected out-of-memory error for request {rid}")
+
+
+def sampling_params(v: dict[str, Any], request: GenerationRequest, room: int) -> Any:
+    """vLLM ``SamplingParams`` for ``request`` (``v``: :func:`import_vllm`'s names), at most
+    ``room`` new tokens."""
+    structured = None
+    if request.json_schema is not None:
+        structured = v["StructuredOutputsParams"](json=request.json_schema)
+    elif request.json_output:
+        structured = v["StructuredOutputsParams"](json_object=True)
+    return v["SamplingParams"](
+        max_tokens=max(1, min(request.max_tokens, room)),
+        temperature=max(request.temperature, 0.0),
+        stop=list(request.stop) if request.stop else None,
+        seed=request.seed,
+        structured_outputs=structured,
+        output_kind=v["RequestOutputKind"].DELTA,
+        # The top TOP_K of each token's distribution (raw, before sampling and any JSON
+        # mask) feed the confidence score; vLLM adds the sampled token when it is not in them.
+        logprobs=TOP_K,
+    )
+
+
+def translate_error(exc: Exception, what: str, dead: bool) -> Exception:
+    """Map a vLLM failure on ``what`` onto chainrt's OOM / dead-engine line (``dead``: the
+    engine core serving it died)."""
+    if isinstance(exc, WorkerError):
+        return exc
+    if dead:
+        return EngineDead(
+            f"the vLLM engine core died while serving {what}; recover() restarts it in "
+            "process, then retry"
+        )
+    if is_oom(exc):
+        return EngineOOM(
+            f"vLLM ran out of memory on {what}; only this request failed, retry it or "
+            "lower max_tokens"
+        )
+    if isinstance(exc, ValueError):
+        return WorkerError(f"vLLM refused {what}: {exc}", retryable=False)
+    return WorkerError(
+        f"vLLM failed on {what} ({type(exc).__name__}: {exc}); retry it", retryable=True
+    )

@@ -188,4 +188,5 @@ class HealthMonitor:
                 "matches_baseline": self.baseline is not None and last.text == self.baseline,
             },
             "probes": self.probes,
+            "engine_state": self._engine.state(),
         }

@@ -52,10 +52,10 @@ class RecoveryManager:
     def retry_after_s(self) -> int:
         """What to put in ``Retry-After`` while recovering (whole seconds, at least 1).
 
-        The last recovery's duration; before the first one, the engine's own estimate (vLLM:
-        how long building its engine core took), else 1.
+        The engine's own estimate when it has one (vLLM: the last swap to its standby core, or
+        how long building an engine core took), else the last recovery's duration, else 1.
         """
-        seconds = self.last_seconds or self._engine.recovery_estimate_s() or 1.0
+        seconds = self._engine.recovery_estimate_s() or self.last_seconds or 1.0
         return max(1, math.ceil(seconds))
 
     def engine_failed(self, exc: BaseException) -> None:
