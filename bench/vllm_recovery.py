@@ -184,8 +184,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--settle", type=float, default=3.0, help="seconds between episodes")
     parser.add_argument("--standby", action="store_true", help="run with --vllm-standby")
+    parser.add_argument("--recovery-wait", default="2", help="the worker's --recovery-wait (2)")
     args = parser.parse_args()
-    flags = ("--vllm-standby",) if args.standby else ()
+    flags: tuple[str, ...] = ("--recovery-wait", str(args.recovery_wait))
+    flags += ("--vllm-standby",) if args.standby else ()
     worker = BenchWorker("--engine", "vllm", "--served-model-name", "smol", *flags)
     seen = Seen()
     results: list[dict[str, float | str]] = []
