@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from worker_fixtures import WorkerProcess, metric_value
 
 from chainrt.dispatch import Dispatcher, DispatchFailed, HttpBackend, LlmCall, ModelBackend
@@ -154,7 +155,7 @@ async def test_a_slow_endpoint_is_hedged_and_the_loser_is_dropped_at_its_worker(
     assert after_b["ok"] == before_b["ok"] + 1
     assert after_b["tokens"] > before_b["tokens"]
     # On the trace: the hedge's span says so; the loser's ends cancelled.
-    assert hooks.exporter is not None
+    assert isinstance(hooks.exporter, InMemorySpanExporter)
     spans = [s for s in hooks.exporter.get_finished_spans() if s.name == attr.SPAN_DISPATCH]
     pair = [dict(s.attributes or {}) for s in spans[-2:]]
     by_attempt = {a[attr.ATTEMPT]: a for a in pair}

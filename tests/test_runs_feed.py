@@ -25,7 +25,7 @@ def record(run_id: str, status: str = "queued", created_at: float = 1000.0) -> R
         chain="demo",
         spec={"name": "demo", "steps": []},
         input={},
-        status=status,  # type: ignore[arg-type]
+        status=status,
         budget_total_ms=1000.0,
         created_at=created_at,
         updated_at=created_at,

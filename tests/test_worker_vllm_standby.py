@@ -32,8 +32,8 @@ BUILD_TIMEOUT_S = 300.0
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[WorkerProcess]:
-    args = ("--engine", "vllm", "--served-model-name", MODEL, "--vllm-standby")
     # Requests arriving during a recovery wait for it (up to 60 s) instead of getting 503.
+    args: tuple[str, ...] = ("--engine", "vllm", "--served-model-name", MODEL, "--vllm-standby")
     args += ("--recovery-wait", "60")
     with WorkerProcess(*args, ready_timeout_s=240) as proc:
         yield proc
