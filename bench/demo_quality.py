@@ -9,7 +9,8 @@ refusal). Prints one line per question, then how many answers state the right fa
 many of those came from the model itself versus the agent's templated fallback (its
 ``answer_check`` step replaces an answer that misses or contradicts a fact), and how often the
 JSON steps (``intent_parse``, ``tool_selection``) were answered by a model rather than their
-static answer. Without ``--pool``
+static answer, and how often the model chose the right tool (``refund_policy`` for the refund
+questions, ``lookup_order`` for the others; ``output.order.tool``). Without ``--pool``
 every LLM step runs on the in-process local model (SmolLM2-135M), which is the goal's setting.
 """
 
@@ -55,6 +56,11 @@ QUESTIONS: list[tuple[str, list[str | tuple[str, ...]]]] = [
 FORBIDDEN = ("unable to assist", "cannot help", "can't help")
 
 
+def right_tool(expected: list[str | tuple[str, ...]]) -> str:
+    """The tool ``tool_selection`` should choose for a question with these expected phrases."""
+    return "refund_policy" if REFUND in expected else "lookup_order"
+
+
 def judge(answer: str, expected: list[str | tuple[str, ...]]) -> list[str]:
     """What is wrong with ``answer`` (empty: it states the right facts)."""
     text = answer.lower()
@@ -78,7 +84,7 @@ def main() -> int:
 
     store = args.store or f"sqlite:///{tempfile.mkdtemp(prefix='demo-quality-')}/runs.db"
     chain = chainrt.load(CHAIN)
-    right = from_model = 0
+    right = from_model = tool_right = 0
     json_by_model = {"intent_parse": 0, "tool_selection": 0}
     started = time.perf_counter()
     for n, (question, expected) in enumerate(QUESTIONS, 1):
@@ -97,6 +103,8 @@ def main() -> int:
         output = result.output if isinstance(result.output, dict) else {}
         answer = str(output.get("answer") or "")
         source = str(output.get("answer_source") or "?")
+        order = output.get("order")
+        tool_right += isinstance(order, dict) and order.get("tool") == right_tool(expected)
         wrong = judge(answer, expected) if result.status == "completed" else [result.status]
         right += not wrong
         from_model += not wrong and source == "model"
@@ -113,6 +121,7 @@ def main() -> int:
     print(
         "schema-valid JSON from a model (not the static answer): "
         + ", ".join(f"{step} {n}/{total}" for step, n in json_by_model.items())
+        + f"; the right tool chosen: {tool_right}/{total}"
     )
     return 0 if right * 10 >= total * 9 else 1
 

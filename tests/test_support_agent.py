@@ -63,12 +63,28 @@ def test_lookup_returns_json_values_not_python_reprs() -> None:
         ),
         ("", "template", ["an answer"]),
         (
+            # The item's own name holds another status's word ("cancel"): not a wrong status.
+            "Good news! Order 1042 (noise-cancelling headphones) has shipped with UPS and should "
+            "arrive on 2026-12-02.",
+            "model",
+            [],
+        ),
+        (
+            "Order 1042 (noise-cancelling headphones) was cancelled; it has shipped with UPS, "
+            "arriving 2026-12-02.",
+            "template",
+            ["no other status"],
+        ),
+        (
             "Order 1042 has shipped with UPS, arriving 2026-12-02. Sender: 1234567890",
             "template",
             ["no invented numbers (1234567890)", "no echo of the instructions"],
         ),
     ],
-    ids=["right", "wrong_status", "wrong_carrier", "no_eta", "refusal", "empty", "invented"],
+    ids=[
+        "right", "wrong_status", "wrong_carrier", "no_eta", "refusal", "empty", "item_name",
+        "item_name_and_wrong_status", "invented",
+    ],
 )  # fmt: skip
 def test_the_answer_is_checked_against_the_order(
     answer: str, source: str, missing: list[str]
