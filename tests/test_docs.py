@@ -4,14 +4,17 @@ every relative link points at a file of the repository."""
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from chainrt._settings import Settings
 from chainrt.dispatch import parse_pool_config
+from chainrt.spec import _models as spec_models
 from chainrt.spec import parse_spec
 from workers.cli import build_parser
 
@@ -128,3 +131,59 @@ def test_the_readme_bench_commands_name_scripts_that_exist() -> None:
     assert missing == []
     bare = re.findall(r"`bench/\w+\.py", readme)  # not executable: must be run with a Python
     assert bare == []
+
+
+PYTHON_FENCE = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def python_snippets() -> list[tuple[str, str]]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in PYTHON_FENCE.finditer(text):
+            line = text.count("\n", 0, match.start(1)) + 1
+            found.append(
+                (f"{page.relative_to(ROOT)} (python block at line {line})", match.group(1))
+            )
+    return found
+
+
+def test_python_snippets_parse_and_name_files_of_the_repository() -> None:
+    # A newcomer pastes these from the repository root: a pool or chain file they name must be
+    # there (`ChatChainrt(..., pool="pool.yaml")` failed as written).
+    found = python_snippets()
+    assert len(found) >= 5
+    missing = []
+    for where, code in found:
+        ast.parse(code, filename=where)
+        for path in re.findall(r"""["']((?:chains/)?[\w./-]+\.ya?ml)["']""", code):
+            if not (ROOT / path).is_file():
+                missing.append(f"{where}: {path}")
+    assert missing == []
+
+
+def test_the_docs_index_lists_every_page() -> None:
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", index))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages - linked == set(), "add these pages to docs/index.md"
+    assert "docs/index.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_every_chain_field_is_in_docs_chain_format() -> None:
+    page = (ROOT / "docs" / "chain-format.md").read_text(encoding="utf-8")
+    models = [
+        model
+        for model in vars(spec_models).values()
+        if isinstance(model, type)
+        and issubclass(model, BaseModel)
+        and model.__module__ == spec_models.__name__
+    ]
+    assert len(models) >= 5
+    missing = [
+        f"{model.__name__}.{info.alias or name}"
+        for model in models
+        for name, info in model.model_fields.items()
+        if f"`{info.alias or name}`" not in page
+    ]
+    assert missing == [], f"document these chain fields in docs/chain-format.md: {missing}"
