@@ -104,14 +104,17 @@ def main() -> int:
         answer = str(output.get("answer") or "")
         source = str(output.get("answer_source") or "?")
         order = output.get("order")
-        tool_right += isinstance(order, dict) and order.get("tool") == right_tool(expected)
+        tool = order.get("tool") if isinstance(order, dict) else None
+        tool_right += tool == right_tool(expected)
         wrong = judge(answer, expected) if result.status == "completed" else [result.status]
         right += not wrong
         from_model += not wrong and source == "model"
         verdict = "ok " if not wrong else "BAD"
         print(
             f"{verdict} {n:2d} [{source:8s} {time.perf_counter() - t0:5.1f}s] {question}\n"
-            f"       -> {answer[:200]}" + (f"\n       {'; '.join(wrong)}" if wrong else "")
+            f"       -> {answer[:200]}"
+            + (f"\n       {'; '.join(wrong)}" if wrong else "")
+            + ("" if tool == right_tool(expected) else f"\n       tool chosen: {tool}")
         )
     total = len(QUESTIONS)
     print(

@@ -2,9 +2,10 @@
 
 The integration suite talks to a real ``chainrt-worker --engine local`` subprocess (SmolLM2-135M
 on llama.cpp) through a pool file that names it ``smol``; the model-override tests switch to
-``local``, the in-process copy of the model, so they see a real routing change. Standard tests
-the 135M model cannot satisfy are expected failures, each with its reason; ChatChainrt has no
-tool calling and takes text only, so the suite skips those tests itself.
+``local``, the in-process copy of the model, so they see a real routing change. Tool calling,
+structured output and JSON mode are declared (constrained decoding); a standard test the 135M
+model cannot satisfy is an expected failure with its reason. ChatChainrt takes text only, so the
+suite skips the image, audio and PDF tests itself.
 """
 
 from __future__ import annotations
