@@ -53,7 +53,7 @@ class VllmServer:
             "--served-model-name", SERVED,
             "--max-model-len", "512",
             "--max-num-seqs", "4",
-            "--dtype", "bfloat16",
+            "--dtype", "float32",  # as our engine on a CPU: the same answers on every CPU
             "--enforce-eager",
             "--host", "127.0.0.1",
             "--port", str(self.port),

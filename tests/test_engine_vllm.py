@@ -178,9 +178,10 @@ async def test_too_long_prompt_is_refused(engine: VllmEngine) -> None:
 async def test_memory_comes_from_vllm_block_accounting(engine: VllmEngine) -> None:
     idle = engine.memory()
     assert idle is not None
-    # SmolLM2 in bf16: 2 (K and V) x 30 layers x 3 KV heads x 64 dims x 2 bytes.
-    assert idle.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
-    assert idle.total_bytes == idle.extra["kv_blocks"] * idle.extra["block_size"] * 23040
+    # SmolLM2 in float32 (the CPU default): 2 (K and V) x 30 layers x 3 KV heads x 64 dims x 4 B.
+    per_token = 2 * 30 * 3 * 64 * 4
+    assert idle.kv_bytes_per_token == per_token
+    assert idle.total_bytes == idle.extra["kv_blocks"] * idle.extra["block_size"] * per_token
     assert idle.free_bytes == idle.total_bytes
     stream = engine.stream(GenerationRequest(prompt="A long story:", max_tokens=1500))
     busy = None

@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vllm: keep a warm standby engine core for recovery and reload (default off: it "
         "doubles the engine's memory)",
     )
+    serve.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        default="auto",
+        help="vllm/torch: weights and KV dtype (auto: float32 on a CPU, bfloat16 on a GPU)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     serve.add_argument("--access-log", action="store_true", help="log every request")
     doctor = commands.add_parser(
@@ -106,13 +112,17 @@ def make_engine(
     served_model_name: str | None = None,
     max_model_len: int | None = None,
     standby: bool = False,
+    dtype: str = "auto",
 ) -> Engine:
     """Create (not start) an engine of ``kind``, importing only that engine's module.
 
-    ``standby`` (vllm only) keeps a warm standby engine core.
+    ``standby`` (vllm only) keeps a warm standby engine core. ``dtype`` (vllm, torch): ``auto``
+    is float32 on a CPU and bfloat16 on a GPU.
     """
     if standby and kind != "vllm":
         raise WorkerError(f"--vllm-standby applies to --engine vllm only, not {kind}")
+    if dtype != "auto" and kind == "local":
+        raise WorkerError("--dtype applies to --engine vllm or torch; a GGUF fixes its own types")
     module_name, _, class_name = ENGINES[kind].partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -128,6 +138,8 @@ def make_engine(
         kwargs["n_ctx" if kind == "local" else "max_model_len"] = max_model_len
     if standby:
         kwargs["standby"] = True
+    if dtype != "auto":
+        kwargs["dtype"] = dtype
     if kind == "local":
         kwargs["model_path"] = model
     elif model is not None:
@@ -184,6 +196,7 @@ async def _serve(args: argparse.Namespace) -> int:
         served_model_name=(args.served_model_names or [None])[0],
         max_model_len=args.max_model_len,
         standby=args.vllm_standby,
+        dtype=args.dtype,
     )
     await engine.start()  # here, so a model that cannot load is one clear line, not a traceback
 
@@ -194,6 +207,7 @@ async def _serve(args: argparse.Namespace) -> int:
             served_model_name=name,
             max_model_len=args.max_model_len,
             standby=args.vllm_standby,
+            dtype=args.dtype,
         )
 
     app = create_app(

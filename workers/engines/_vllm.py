@@ -82,7 +82,7 @@ class VllmEngine(Engine):
         model_name: str = "smollm2-135m-instruct",
         max_model_len: int = 2048,
         max_num_seqs: int = 16,
-        dtype: str = "bfloat16",
+        dtype: str | None = None,
         kv_cache_bytes: int | None = None,
         gpu_memory_utilization: float | None = None,
         enforce_eager: bool = True,
@@ -97,7 +97,7 @@ class VllmEngine(Engine):
         ``gpu_memory_utilization`` rule). ``engine_args`` are passed to ``AsyncEngineArgs`` as is. ``standby`` keeps a second,
         idle engine core warm for :meth:`recover` (its memory doubles the engine's; off by default).
         """
-        if dtype not in DTYPE_BYTES:
+        if dtype is not None and dtype not in DTYPE_BYTES:
             raise WorkerError(f"{dtype=} is not one of {sorted(DTYPE_BYTES)}")
         if max_model_len < 16:
             raise WorkerError(f"{max_model_len=} must be at least 16 tokens")
@@ -105,7 +105,8 @@ class VllmEngine(Engine):
         self._model_arg = model
         self._max_model_len = max_model_len
         self._max_num_seqs = max_num_seqs
-        self._dtype = dtype
+        self._dtype_arg = dtype
+        self._dtype = dtype or "bfloat16"  # settled at start: float32 on a CPU
         self._kv_cache_bytes = kv_cache_bytes
         self._gpu_memory_utilization = gpu_memory_utilization
         self._enforce_eager = enforce_eager
@@ -302,6 +303,8 @@ class VllmEngine(Engine):
         if not self._v:
             try:
                 self._v = import_vllm()
+                if self._dtype_arg is None:
+                    self._dtype = "float32" if self._v["is_cpu"] else "bfloat16"
             except ImportError as exc:
                 raise WorkerError(
                     "vLLM is not installed, so the vllm engine cannot run; "
