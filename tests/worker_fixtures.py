@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +66,7 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(base_url=self.base, transport=self._transport(), timeout=30)
         self._openai: OpenAI | None = None
+        self._openai_lock = threading.Lock()  # tests call openai() from several threads at once
 
     def _transport(self) -> httpx.HTTPTransport:
         return httpx.HTTPTransport(uds=self.uds) if self.uds else httpx.HTTPTransport()
@@ -139,14 +141,16 @@ class WorkerProcess:
     def openai(self) -> OpenAI:
         """The official OpenAI client pointed at the worker (no retries, so errors surface).
 
-        One client per worker, closed with it.
+        One client per worker, closed with it, also when threads ask for it at once (a client
+        built by a race would never be closed: its sockets would be reported as unclosed later).
         """
-        if self._openai is None:
-            client = httpx2.Client(transport=httpx2.HTTPTransport(uds=self.uds), timeout=60)
-            self._openai = OpenAI(
-                base_url=f"{self.base}/v1", api_key="unused", max_retries=0, http_client=client
-            )
-        return self._openai
+        with self._openai_lock:
+            if self._openai is None:
+                client = httpx2.Client(transport=httpx2.HTTPTransport(uds=self.uds), timeout=60)
+                self._openai = OpenAI(
+                    base_url=f"{self.base}/v1", api_key="unused", max_retries=0, http_client=client
+                )
+            return self._openai
 
     def async_openai(self) -> AsyncOpenAI:
         """A new async OpenAI client pointed at the worker (no retries); the caller closes it."""
