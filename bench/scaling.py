@@ -81,7 +81,8 @@ async def _steps(store_url: str, lengths: list[int], total_steps: int) -> None:
 
 
 def _validate(lengths: list[int]) -> None:
-    print(f"\n{'steps':>6} {'load_spec ms':>13} {'ms/step':>8} {'ratio per step':>15}")
+    print("\nload_spec: best of 3 loads per length (what the code can do, not a busy machine)")
+    print(f"{'steps':>6} {'load_spec ms':>13} {'ms/step':>8} {'ratio per step':>15}")
     first: float | None = None
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "tools.py").write_text("async def take(value=None):\n    return 1\n")
