@@ -1,5 +1,5 @@
 """Start real ``chainrt-worker`` processes (or the stub OpenAI server) for the dispatch
-benchmarks: free port, wait until ready."""
+benchmarks: free port, wait until ready. Also the benchmarks' one way to print percentiles."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,27 @@ import httpx
 from chainrt.testing.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p99.9": 0.999}
+"""The percentile names :func:`percentiles` prints."""
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank: a value that was measured)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def percentiles(
+    values: Sequence[float], *names: str, width: int = 8, digits: int = 3, sep: str = "   "
+) -> str:
+    """``p50 1.234 ms   p99 5.678 ms``: the named percentiles of ``values`` (in ms), ``max``
+    for the largest (default: p50 and p99)."""
+    parts = []
+    for name in names or ("p50", "p99"):
+        value = max(values) if name == "max" else pct(values, QUANTILES[name])
+        parts.append(f"{name} {value:{width}.{digits}f} ms")
+    return sep.join(parts)
 
 
 class BenchWorker:

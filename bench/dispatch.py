@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _workers import local_workers, stub_server  # noqa: E402
+from _workers import local_workers, pct, percentiles, stub_server  # noqa: E402
 
 from chainrt.dispatch import (  # noqa: E402
     BackendAnswer,
@@ -43,11 +43,6 @@ from chainrt.dispatch import (  # noqa: E402
 
 MESSAGES = [("user", "Say OK")]
 BLOCK = 200
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @contextlib.contextmanager
@@ -133,20 +128,17 @@ async def _bench(url: str, n: int, target: str) -> None:
     finally:
         await client.aclose()
         await dispatcher.close()
-    d50, d99 = _pct(direct_ms, 0.5), _pct(direct_ms, 0.99)
-    r50, r99 = _pct(dispatch_ms, 0.5), _pct(dispatch_ms, 0.99)
+    d50, r50 = pct(direct_ms, 0.5), pct(dispatch_ms, 0.5)
     print(f"target           {target} at {url}")
     print(
         f"requests         {len(direct_ms)} direct, {len(dispatch_ms)} dispatched (alternating blocks of {BLOCK})"
     )
-    print(f"direct httpx     p50 {d50:.3f} ms   p99 {d99:.3f} ms")
-    print(f"via dispatch     p50 {r50:.3f} ms   p99 {r99:.3f} ms")
+    print(f"direct httpx     {percentiles(direct_ms, width=0)}")
+    print(f"via dispatch     {percentiles(dispatch_ms, width=0)}")
     print(
         f"added by dispatch  p50 {r50 - d50:+.3f} ms   (goal <= 0.5 ms)   mean {statistics.fmean(dispatch_ms) - statistics.fmean(direct_ms):+.3f} ms"
     )
-    print(
-        f"dispatch loop alone (no I/O backend)  p50 {_pct(loop_ms, 0.5):.3f} ms   p99 {_pct(loop_ms, 0.99):.3f} ms"
-    )
+    print(f"dispatch loop alone (no I/O backend)  {percentiles(loop_ms, width=0)}")
 
 
 def main() -> None:

@@ -28,17 +28,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _workers import stub_server  # noqa: E402
+from _workers import percentiles, stub_server  # noqa: E402
 
 from chainrt.dispatch import Dispatcher, LlmCall, make_dispatcher, parse_pool_config  # noqa: E402
 from chainrt.spec._hedge import PERCENTILES  # noqa: E402
 
 WARMUP = 100
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _stats(client: httpx.AsyncClient, url: str) -> dict[str, int]:
@@ -111,8 +106,7 @@ async def _bench(urls: list[str], args: argparse.Namespace) -> None:
         ms = results[hedged]
         name = f"hedge after {args.after}" if hedged else "no hedge        "
         print(
-            f"{name}  p50 {_pct(ms, 0.5):7.1f} ms   p90 {_pct(ms, 0.9):7.1f} ms   "
-            f"p99 {_pct(ms, 0.99):7.1f} ms   max {max(ms):7.1f} ms   "
+            f"{name}  {percentiles(ms, 'p50', 'p90', 'p99', 'max', width=7, digits=1)}   "
             f"hedges {hedges[hedged]} ({hedges[hedged] / len(ms):.1%})   "
             f"failed {failures[hedged]}"
         )

@@ -41,7 +41,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from _workers import local_workers  # noqa: E402
+from _workers import local_workers, percentiles  # noqa: E402
 
 from chainrt._result import RunResult  # noqa: E402
 from chainrt._runtime import open_runtime  # noqa: E402
@@ -85,18 +85,11 @@ def _llm_chain(rng: random.Random, index: int) -> dict[str, Any]:
     return {"name": f"overshoot-llm-{index}", "budget": f"{budget_ms:.0f}ms", "steps": steps}
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _line(label: str, values: list[float]) -> str:
     if not values:
         return f"  {label:<34} (none)"
-    return (
-        f"  {label:<34} n={len(values):<5} p50 {_pct(values, 0.5):6.2f}  "
-        f"p99 {_pct(values, 0.99):6.2f}  p99.9 {_pct(values, 0.999):6.2f}  "
-        f"max {max(values):6.2f} ms"
+    return f"  {label:<34} n={len(values):<5} " + percentiles(
+        values, "p50", "p99", "p99.9", "max", width=6, digits=2, sep="  "
     )
 
 

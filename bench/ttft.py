@@ -34,7 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _workers import local_workers, stub_server  # noqa: E402
+from _workers import local_workers, pct, percentiles, stub_server  # noqa: E402
 
 from chainrt.dispatch import LlmCall, make_dispatcher, parse_pool_config  # noqa: E402
 from chainrt.dispatch._sse import ChunkReader  # noqa: E402
@@ -42,11 +42,6 @@ from chainrt.wire import request_headers  # noqa: E402
 
 WARMUP = 20
 PROMPT = "Say OK"
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @contextlib.contextmanager
@@ -129,14 +124,10 @@ async def _bench(url: str, n: int, max_tokens: int, kind: str) -> None:
     paired = [b - a for a, b in zip(direct_ms, dispatch_ms, strict=True)]
     print(f"target           {kind} at {url}, max_tokens {max_tokens}")
     print(f"requests         {n} direct, {n} dispatched, alternating (after {WARMUP} each)")
+    print(f"direct (httpx)   TTFT {percentiles(direct_ms)}")
+    print(f"via dispatch     TTFT {percentiles(dispatch_ms)}")
     print(
-        f"direct (httpx)   TTFT p50 {_pct(direct_ms, 0.5):8.3f} ms   p99 {_pct(direct_ms, 0.99):8.3f} ms"
-    )
-    print(
-        f"via dispatch     TTFT p50 {_pct(dispatch_ms, 0.5):8.3f} ms   p99 {_pct(dispatch_ms, 0.99):8.3f} ms"
-    )
-    print(
-        f"added by dispatch  p50 {_pct(dispatch_ms, 0.5) - _pct(direct_ms, 0.5):+.3f} ms   "
+        f"added by dispatch  p50 {pct(dispatch_ms, 0.5) - pct(direct_ms, 0.5):+.3f} ms   "
         f"median of paired differences {statistics.median(paired):+.3f} ms   (goal <= 1 ms)"
     )
 
