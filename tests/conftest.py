@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,6 +18,9 @@ pytest.register_assert_rewrite("chainrt.testing")
 
 from chainrt.testing.redis_cluster import LocalCluster  # noqa: E402  (after assert rewrite)
 from chainrt.testing.redis_server import RedisServer  # noqa: E402
+
+if TYPE_CHECKING:
+    from worker_fixtures import WorkerProcess
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,3 +79,38 @@ def chainrt_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with a fresh working directory (so `.chainrt/` lands in a temp dir)."""
     monkeypatch.chdir(str(tmp_path))
     return os.fspath(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def worker_engine() -> str:
+    """The engine of ``fault_workers`` (a test module overrides this fixture to change it)."""
+    return "local"
+
+
+@pytest.fixture(scope="module")
+def fault_workers(worker_engine: str) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    """Two real worker processes with fault injection on, started once per test module."""
+    from worker_fixtures import fault_worker
+
+    a = fault_worker(worker_engine)
+    try:
+        b = fault_worker(worker_engine)
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture
+def workers(
+    fault_workers: tuple[WorkerProcess, WorkerProcess],
+) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    """The module's ``fault_workers``, their injected faults reset after each test."""
+    yield fault_workers
+    for worker in fault_workers:
+        if worker.alive:
+            worker.post("/admin/faults", json={"reset": True})

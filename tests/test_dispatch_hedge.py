@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -39,37 +39,10 @@ TOKENS = "chainrt_worker_completion_tokens_total"
 REQUESTS = "chainrt_worker_requests_total"
 
 
-def start_worker() -> WorkerProcess:
-    return WorkerProcess(
-        "--engine", "torch",
-        "--served-model-name", SERVED,
-        "--enable-fault-injection",
-        "--health-interval", "300",  # no periodic probe generations competing for the CPU
-        "--log-level", "warning",
-    ).start()  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def workers() -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
-    a = start_worker()
-    try:
-        b = start_worker()
-    except BaseException:
-        a.stop()
-        raise
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
-
-
-@pytest.fixture(autouse=True)
-def reset_faults(workers: tuple[WorkerProcess, WorkerProcess]) -> Iterator[None]:
-    yield
-    for worker in workers:
-        if worker.alive:
-            worker.post("/admin/faults", json={"reset": True})
+def worker_engine() -> str:
+    """``workers`` (tests/conftest.py) run the torch engine here."""
+    return "torch"
 
 
 def dispatcher(*urls: str, hooks: OtelHooks | None = None) -> Dispatcher:

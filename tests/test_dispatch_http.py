@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from worker_fixtures import WorkerProcess, free_port
+from worker_fixtures import WorkerProcess, fault_worker, free_port
 
 import chainrt
 from chainrt.dispatch import Dispatcher, DispatchFailed, LlmCall, make_dispatcher
@@ -26,39 +25,6 @@ pytestmark = pytest.mark.slow
 SERVED = "smol"
 REQUESTS_200 = {"endpoint": "chat", "status": "200"}
 REQUESTS_500 = {"endpoint": "chat", "status": "500"}
-
-
-def start_worker() -> WorkerProcess:
-    return WorkerProcess(
-        "--engine", "local",
-        "--served-model-name", SERVED,
-        "--enable-fault-injection",
-        "--health-interval", "300",  # no periodic probe generations competing for the CPU
-        "--log-level", "warning",
-    ).start()  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
-    a = start_worker()
-    try:
-        b = start_worker()
-    except BaseException:
-        a.stop()
-        raise
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
-
-
-@pytest.fixture(autouse=True)
-def reset_faults(workers: tuple[WorkerProcess, WorkerProcess]) -> Iterator[None]:
-    yield
-    for worker in workers:
-        if worker.alive:
-            worker.post("/admin/faults", json={"reset": True})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,7 +71,7 @@ async def test_killed_worker_moves_traffic_to_the_other_with_no_failed_run(
     workers: tuple[WorkerProcess, WorkerProcess], tmp_path: Path
 ) -> None:
     a, _ = workers
-    victim = start_worker()
+    victim = fault_worker()
     try:
         dispatcher = make_dispatcher(pool_file(tmp_path, [a.base, victim.base]))
         chain = chainrt.load(chain_file(tmp_path))

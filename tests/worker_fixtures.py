@@ -26,7 +26,7 @@ import httpx
 import httpx2  # the HTTP library of the openai package (its http_client type)
 from openai import AsyncOpenAI, OpenAI
 
-__all__ = ["WorkerProcess", "free_port", "metric_value"]
+__all__ = ["WorkerProcess", "fault_worker", "free_port", "metric_value"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,3 +159,17 @@ class WorkerProcess:
         return AsyncOpenAI(
             base_url=f"{self.base}/v1", api_key="unused", max_retries=0, http_client=client
         )
+
+
+def fault_worker(engine: str = "local", served: str = "smol") -> WorkerProcess:
+    """A started worker with fault injection on (``/admin/faults``), serving ``served``.
+
+    No periodic probe generations (they would compete with the test's requests for the CPU).
+    """
+    return WorkerProcess(
+        "--engine", engine,
+        "--served-model-name", served,
+        "--enable-fault-injection",
+        "--health-interval", "300",
+        "--log-level", "warning",
+    ).start()  # fmt: skip
