@@ -1,7 +1,7 @@
 """vLLM engine-core death under load: time to the new core's first answer, failures, breakdown.
 
     flock /tmp/chainrt-heavy.lock .venv/bin/python bench/vllm_recovery.py [--episodes 5]
-        [--clients 4] [--max-tokens 8] [--standby]
+        [--clients 4] [--max-tokens 8] [--standby] [--fault kill|oom|memory]
 
 Starts a real ``chainrt-worker serve --engine vllm`` and runs ``--clients`` threads sending chat
 requests back to back with the official ``openai`` client (no retries: every error counts), while
@@ -12,6 +12,22 @@ and requests served between the death and readiness back. At the end it prints p
 episodes and, from the worker's log, where each rebuild's time went (old core shut down, new
 engine core built — vLLM's own "Model loading took" and "init engine" lines split that — and the
 first token). Figures are what this machine did in this run.
+
+``--fault`` picks how each episode breaks the engine:
+
+* ``kill`` (default): SIGKILL of the engine core process;
+* ``oom``: fault injection (the worker runs with ``--enable-fault-injection``; ``POST
+  /admin/faults {"oom": 1}``): the next request meets torch's ``OutOfMemoryError`` where vLLM's
+  own would surface; the engine core stays alive;
+* ``memory``: a real out-of-memory error inside the engine: the address space of the engine
+  core's model-running process (``VLLM::Worker``, else the core itself) is capped at what it maps
+  now (``prlimit`` ``RLIMIT_AS``) and a long prompt is sent, so the prefill's allocation fails
+  (torch's CPU allocator: "can't allocate memory"). vLLM then ends the engine core (as in vLLM
+  #52871), and recovery is the same as after a kill.
+
+Each episode also follows the dead core's processes: how long the old core's model-running
+child (``VLLM::Worker``) lives on after the death and how much CPU it burns meanwhile (the two
+cores of a small machine are shared with the new core's first generations).
 
 ``--standby`` starts the worker with ``--vllm-standby``: each episode waits until the standby
 engine core is ready, kills the *serving* core (its pid from ``/health/ready``) and the worker
@@ -126,6 +142,76 @@ def standby_cost(pid: int, seconds: float = 10.0) -> str:
     )
 
 
+def cpu_s(proc: psutil.Process) -> float:
+    """User + system CPU seconds of ``proc`` (0 once it is gone)."""
+    try:
+        return float(sum(proc.cpu_times()[:2]))
+    except psutil.Error:
+        return 0.0
+
+
+@dataclass
+class Leftovers:
+    """The dead core's descendants: when each disappeared, the CPU they used after the death."""
+
+    procs: list[psutil.Process]
+    cpu_at_death: dict[int, float] = field(default_factory=dict)
+    cpu_last: dict[int, float] = field(default_factory=dict)
+    gone_at: dict[int, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        """Read each one's CPU at the death."""
+        for proc in self.procs:
+            self.cpu_at_death[proc.pid] = self.cpu_last[proc.pid] = cpu_s(proc)
+
+    def sample(self, now: float) -> None:
+        """Note which are gone; keep the last CPU reading of the others."""
+        for proc in self.procs:
+            if proc.pid in self.gone_at:
+                continue
+            try:
+                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                alive = False
+            if alive:
+                self.cpu_last[proc.pid] = cpu_s(proc)
+            else:
+                self.gone_at[proc.pid] = now
+
+    def summary(self, died: float) -> str:
+        """``pid 123 gone after 1.20 s, 1.10 s CPU after the death`` per process."""
+        parts = []
+        for proc in self.procs:
+            used = self.cpu_last[proc.pid] - self.cpu_at_death[proc.pid]
+            gone = self.gone_at.get(proc.pid)
+            when = "still running" if gone is None else f"gone after {gone - died:.2f} s"
+            parts.append(f"pid {proc.pid} {when}, {used:.2f} s CPU after the death")
+        return "; ".join(parts) or "none"
+
+
+def cap_memory(core: psutil.Process) -> psutil.Process:
+    """Cap the address space of the core's model-running process at what it maps now."""
+    children = core.children(recursive=True)
+    target = children[0] if children else core
+    vms = target.memory_info().vms
+    target.rlimit(psutil.RLIMIT_AS, (vms, vms))
+    return target
+
+
+def long_prompt_request(base: str, words: int) -> str:
+    """One chat completion whose prefill needs memory; what came back (status or error)."""
+    text = " ".join(["memory"] * words)
+    ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120) as client:
+        try:
+            client.chat.completions.create(model="smol", messages=ask, max_tokens=1)
+        except openai.APIStatusError as exc:
+            return f"{exc.status_code} {exc.response.text[:120]}"
+        except openai.APIError as exc:
+            return type(exc).__name__
+    return "200 (no OOM)"
+
+
 def engine_core(pid: int) -> psutil.Process:
     """The worker's ``VLLM::EngineCore`` child."""
     for child in psutil.Process(pid).children(recursive=True):
@@ -134,15 +220,34 @@ def engine_core(pid: int) -> psutil.Process:
     raise RuntimeError(f"worker {pid} has no VLLM::EngineCore child")
 
 
-def episode(worker: BenchWorker, seen: Seen, timeout_s: float) -> dict[str, float | str]:
-    """Kill the engine core once; wait for an answer after it and for readiness."""
+def episode(
+    worker: BenchWorker, seen: Seen, timeout_s: float, fault: str = "kill", words: int = 1500
+) -> dict[str, float | str]:
+    """Break the engine once (``fault``); wait for an answer after it and for readiness."""
     assert worker.process is not None
     core_pid = engine_state(worker.base).get("core_pid") or engine_core(worker.process.pid).pid
-    died = time.monotonic()
-    os.kill(core_pid, signal.SIGKILL)
+    core = psutil.Process(core_pid)
+    leftovers = Leftovers(core.children(recursive=True))
+    note = ""
+    if fault == "oom":
+        died = time.monotonic()
+        worker.faults(oom=1)
+    elif fault == "memory":
+        capped = cap_memory(core)
+        leftovers.start()
+        died = time.monotonic()
+        answer = long_prompt_request(worker.base, words)
+        if answer.startswith("200"):
+            raise RuntimeError(f"--fault memory: the capped engine served {words} words; more?")
+        note = f"capped pid {capped.pid} ({capped.name()}); the long prompt got {answer}"
+    else:
+        leftovers.start()
+        died = time.monotonic()
+        os.kill(core_pid, signal.SIGKILL)
     first = back = None
     while time.monotonic() - died < timeout_s:
         time.sleep(0.05)
+        leftovers.sample(time.monotonic())
         if first is None:
             first = next((end for start, end in seen.ok if start > died), None)
         if back is None:
@@ -164,6 +269,8 @@ def episode(worker: BenchWorker, seen: Seen, timeout_s: float) -> dict[str, floa
         "failed_late": len(late),
         "served": served,
         "statuses": ", ".join(statuses) or "-",
+        "old_core": "alive (injected OOM)" if fault == "oom" else leftovers.summary(died),
+        "note": note,
     }
 
 
@@ -171,7 +278,7 @@ def breakdown(log: str) -> list[str]:
     """The rebuild lines of the worker's log (ours and vLLM's own timings)."""
     wanted = re.compile(
         r"vLLM rebuild:|Model loading took|init engine \(|recovered from|swapped to the standby"
-        r"|standby engine core ready"
+        r"|standby engine core ready|can't allocate memory|OutOfMemoryError|MemoryError"
     )
     return [line.strip()[-160:] for line in log.splitlines() if wanted.search(line)]
 
@@ -185,9 +292,12 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds between episodes")
     parser.add_argument("--standby", action="store_true", help="run with --vllm-standby")
     parser.add_argument("--recovery-wait", default="2", help="the worker's --recovery-wait (2)")
+    parser.add_argument("--fault", choices=["kill", "oom", "memory"], default="kill")
+    parser.add_argument("--words", type=int, default=1500, help="--fault memory: prompt words")
     args = parser.parse_args()
     flags: tuple[str, ...] = ("--recovery-wait", str(args.recovery_wait))
     flags += ("--vllm-standby",) if args.standby else ()
+    flags += ("--enable-fault-injection",) if args.fault == "oom" else ()
     worker = BenchWorker("--engine", "vllm", "--served-model-name", "smol", *flags)
     seen = Seen()
     results: list[dict[str, float | str]] = []
@@ -215,7 +325,7 @@ def main() -> int:
             time.sleep(args.settle)
             if args.standby:
                 wait_standby(worker.base)
-            result = episode(worker, seen, timeout_s=300)
+            result = episode(worker, seen, 300, args.fault, args.words)
             results.append(result)
             print(
                 f"episode {number}: death -> first answer {result['first_answer_s']:.2f} s, "
@@ -224,6 +334,9 @@ def main() -> int:
                 f"[{result['statuses']}]; served during recovery {result['served']}",
                 flush=True,
             )
+            print(f"  old core's processes: {result['old_core']}", flush=True)
+            if result["note"]:
+                print(f"  {result['note']}", flush=True)
     finally:
         seen.stop.set()
         for thread in threads:
@@ -233,7 +346,8 @@ def main() -> int:
     firsts = [float(r["first_answer_s"]) for r in results]
     if firsts:
         print(
-            f"summary: {len(results)} episodes, {args.clients} clients; death -> first answer "
+            f"summary [{args.fault}]: {len(results)} episodes, {args.clients} clients; "
+            f"death -> first answer "
             f"p50 {statistics.median(firsts):.2f} s, max {max(firsts):.2f} s; failed "
             f"{sum(int(r['failed']) for r in results)}; answered in total {len(seen.ok)}"
         )
