@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import multiprocessing
 import time
 from collections.abc import AsyncIterator
 
@@ -33,6 +34,10 @@ from ._reload import EngineFactory, ReloadError, ReloadManager, ReloadRequest, S
 __all__ = ["create_app"]
 
 log = logging.getLogger("chainrt.worker")
+
+_CLOSE_TIMEOUT_S = 6.0
+"""How long shutdown waits for the engine to close before ending its child processes: below the
+10 s a supervisor (systemd, Kubernetes, the tests) usually leaves between SIGTERM and SIGKILL."""
 
 
 def create_app(
@@ -96,7 +101,7 @@ def create_app(
                 await periodic
             await recovery.close()
             await reloads.close()
-            await engines.current.engine.close()
+            await close_engine(engines.current.engine, _CLOSE_TIMEOUT_S)
 
     async def models(request: Request) -> Response:
         data = [
@@ -203,3 +208,22 @@ def _same_kind(engine: Engine) -> EngineFactory:
         return make_engine(engine.name, model, served_model_name=name)
 
     return build
+
+
+async def close_engine(engine: Engine, timeout_s: float) -> None:
+    """Close ``engine`` within ``timeout_s``, then end every child process still alive.
+
+    A vLLM engine core being built (a warm standby) cannot be stopped from the thread that builds
+    it, so a close waits for the build (tens of seconds), and a worker killed meanwhile left that
+    core process behind. Past the timeout, or when a close leaves one, the children this process
+    started (``multiprocessing``: vLLM's engine cores) are killed; their own children (vLLM's
+    ``VLLM::Worker``) exit when their parent does (vLLM's death pipe).
+    """
+    try:
+        await asyncio.wait_for(engine.close(), timeout_s)
+    except TimeoutError:
+        log.warning("the engine did not close within %.0f s; ending its processes", timeout_s)
+    for child in multiprocessing.active_children():
+        log.warning("ending child process %s (pid %s) left by the engine", child.name, child.pid)
+        child.kill()
+        child.join(5)
