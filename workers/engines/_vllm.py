@@ -50,6 +50,7 @@ from ._vllm_support import (
     finish_reason,
     import_vllm,
     raise_native_oom,
+    remember_processes,
     sampling_params,
     shutdown_llm,
     token_top_logprobs,
@@ -284,7 +285,7 @@ class VllmEngine(Engine):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)
-                return v["AsyncLLM"].from_engine_args(
+                llm = v["AsyncLLM"].from_engine_args(
                     args, stat_loggers=[self._kv.factory(v["StatLoggerBase"])]
                 )
         except Exception as exc:  # vLLM raises RuntimeError/ValueError/... on a failed start
@@ -292,6 +293,8 @@ class VllmEngine(Engine):
                 f"cannot start vLLM on {model_dir} ({type(exc).__name__}: {exc}); see the "
                 "engine core's log above for the cause"
             ) from exc
+        remember_processes(llm)  # its children outlive a killed core: shutdown_llm ends them
+        return llm
 
     def _load(self) -> None:
         """Import vLLM and load the tokenizer (blocking); a call of its own, before _build.

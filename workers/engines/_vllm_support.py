@@ -7,6 +7,7 @@ Everything here touches vLLM internals that may move between vLLM releases (chec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import warnings
@@ -23,10 +24,12 @@ __all__ = [
     "DTYPE_BYTES",
     "KvUsage",
     "core_pid",
+    "end_leftovers",
     "finish_reason",
     "import_vllm",
     "is_oom",
     "raise_native_oom",
+    "remember_processes",
     "sampling_params",
     "shutdown_llm",
     "token_top_logprobs",
@@ -36,6 +39,8 @@ __all__ = [
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 """Bytes per element of the dtypes the engine accepts (the KV cache uses the model's dtype)."""
 _SHUTDOWN_TIMEOUT_S = 5.0
+_PROCESSES = "_chainrt_core_processes"
+"""Attribute of an AsyncLLM holding its engine core's process tree (psutil), noted at build."""
 
 
 def import_vllm() -> dict[str, Any]:
@@ -106,7 +111,13 @@ class KvUsage:
 
 
 async def shutdown_llm(llm: Any) -> None:
-    """Stop an AsyncLLM and its engine core quietly, release its ZeroMQ context, collect it."""
+    """Stop an AsyncLLM and its engine core quietly, release its ZeroMQ context, collect it.
+
+    A dead engine core's children (``VLLM::Worker``) are killed first: left alone they live on
+    for seconds after their parent's death and take the CPU the next core needs.
+    """
+    if llm.errored:
+        end_leftovers(llm)
     handler = getattr(llm, "output_handler", None)
     if handler is not None:
         # Stopped first, or it reports the engine core we are about to stop as an error.
@@ -124,6 +135,37 @@ def core_pid(llm: Any) -> int | None:
     processes = getattr(manager, "processes", None) or []
     pid = getattr(processes[0], "pid", None) if processes else None
     return int(pid) if pid is not None else None
+
+
+def remember_processes(llm: Any) -> None:
+    """Note ``llm``'s engine core process and its descendants now, while the core lives.
+
+    Once the core dies its children are re-parented and cannot be found from it any more.
+    """
+    pid = core_pid(llm)
+    if pid is None:
+        return
+    try:
+        import psutil
+
+        core = psutil.Process(pid)
+        setattr(llm, _PROCESSES, [core, *core.children(recursive=True)])
+    except Exception:  # psutil missing, or the core already gone: nothing noted
+        return
+
+
+def end_leftovers(llm: Any) -> int:
+    """SIGKILL what still runs of ``llm``'s noted engine core processes; how many were killed.
+
+    ``psutil.Process.is_running`` compares the start time too, so a reused pid is left alone.
+    """
+    killed = 0
+    for proc in getattr(llm, _PROCESSES, None) or []:
+        with contextlib.suppress(Exception):
+            if proc.is_running():
+                proc.kill()
+                killed += 1
+    return killed
 
 
 def _stop(llm: Any) -> None:
