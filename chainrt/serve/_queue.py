@@ -150,7 +150,11 @@ class LocalQueue(RunQueue):
     async def take(self, wait_s: float) -> Delivery | None:
         """The next entry, critical first."""
         try:
-            rank, _, entry = await asyncio.wait_for(self._queue.get(), wait_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns an entry that
+            # arrived in the same turn as a cancel and drops the cancel (a draining runner's
+            # take loop would then never stop); here the cancel wins and the entry stays queued.
+            async with asyncio.timeout(wait_s):
+                rank, _, entry = await self._queue.get()
         except TimeoutError:
             return None
         self._added[rank].popleft()  # one class is first-in first-out
