@@ -191,3 +191,32 @@ def test_resume_through_the_api_gives_a_partial_run_more_budget(
         )  # completed: nothing left
     per_step = Counter(str(c["step"]) for c in calls(call_log) if c["run"] == "short")
     assert all(per_step[s] == 1 for s in done_before)  # recorded steps were not run again
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_busy_runner_after_a_cancel_exits_within_its_drain(
+    redis_url: str, call_log: Path
+) -> None:
+    r = runner(redis_url, call_log, max_runs=2, drain="1s").start()
+    try:
+        for i in range(6):  # two run (30 s naps), four wait in the queue
+            body = {"chain": "nap", "input": {"seconds": 30, "label": f"n{i}"}, "run_id": f"n{i}"}
+            assert r.post("/v1/runs", json=body).status_code == 202
+        while len(calls(call_log)) < 2:
+            time.sleep(0.01)
+        cancelled = str(calls(call_log)[0]["run"])
+        assert r.post(f"/v1/runs/{cancelled}/cancel").json()["status"] == "cancelled"
+        while len(calls(call_log)) < 3:  # the freed slot took the next queued run
+            time.sleep(0.01)
+        stopped_at = time.monotonic()
+        r.terminate()
+        assert r.wait(timeout=30) == 0
+        took = time.monotonic() - stopped_at
+    finally:
+        r.stop()
+    # Drain 1 s; the rest is closing the store, the bus and the HTTP server. 5 s more leaves
+    # room for a loaded 2-core machine; a runner whose take loop survives the drain never exits.
+    assert took < 1.0 + 5.0
+    runs = [str(c["run"]) for c in calls(call_log)]
+    assert len(runs) == 3
+    assert runs.count(cancelled) == 1

@@ -32,17 +32,19 @@ from .._errors import (
     SpecError,
     StoreUnavailable,
 )
-from .._events import RunEvent, history
+from .._events import RunEvent
 from .._lease import owner_state, this_host
 from .._result import RunResult
 from .._run import RunInterceptor, StepCall, StepStart
 from .._runner import check_inputs
 from .._runtime import Runtime
 from ..spec import load_spec
+from ..spec._dump import spec_dump, spec_json
 from ..store._records import RunRecord, StepRecord
 from ._feed import RunsFeed
 from ._models import ServeConfig, SubmitRequest
 from ._queue import Delivery, Entry, LocalQueue, RedisQueue, RunQueue
+from ._watch import run_events
 
 __all__ = ["Draining", "Service", "SubmitOutcome", "UnknownChain"]
 
@@ -132,11 +134,7 @@ class Service:
         drain_s = self.config.drain_s if drain_s is None else drain_s
         self.draining = True
         await self.feed.close()  # runs-list streams end: their clients reconnect elsewhere
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await _end(self._tasks)
         running = [task for _, task in self._inflight.values()]
         if running:
             _, late = await asyncio.wait(running, timeout=drain_s)
@@ -204,13 +202,14 @@ class Service:
         record = RunRecord(
             run_id=request.run_id or uuid.uuid4().hex,
             chain=chain.name,
-            spec=chain.spec.model_dump(mode="json", by_alias=True),
+            spec=spec_dump(chain.spec),
             source=str(chain.source_dir) if chain.source_dir is not None else None,
             input=inputs,
             status="queued",
             budget_total_ms=total,
         )
         record = self.runtime.runner.trust.sign(record)  # CHAINRT_RECORD_KEY, docs/security.md
+        record.attach_spec_json(spec_json(chain.spec))  # the store writes it without serialising
         store = self.runtime.store
         try:
             await store.create_run(record)
@@ -269,84 +268,9 @@ class Service:
         await self.queue.put(Entry(run_id, "resume", budget_ms), "high")
         return record
 
-    async def events(self, run_id: str) -> AsyncIterator[RunEvent]:
+    def events(self, run_id: str) -> AsyncIterator[RunEvent]:
         """The run's recorded history, then its live events, ending after ``run_finished``."""
-        live: asyncio.Queue[RunEvent] = asyncio.Queue()
-        source = await self._live_source(run_id, live)
-        try:
-            store = self.runtime.store
-            record = await store.get_run(run_id)
-            past = history(record, await store.get_steps(run_id))
-            # Live events heard while the history was read may repeat it: a step whose record the
-            # history holds has been told in full (its ts, taken from the record, can differ from
-            # the live event's, so the step's identity decides, not the clock).
-            told = {e.step_id for e in past if e.type == "step_finished"}
-            for event in past:
-                yield event
-            if past and past[-1].final:
-                return
-            while True:
-                try:
-                    event = await asyncio.wait_for(live.get(), timeout=2.0)
-                except TimeoutError:
-                    # No event for a while: the run may have ended where nobody published
-                    # (its owner died and a cancel ended it): the store says.
-                    record = await store.get_run(run_id)
-                    if record.finished:
-                        steps = await store.get_steps(run_id)
-                        yield history(record, steps)[-1]
-                        return
-                    continue
-                if event.type == "run_started":
-                    if not event.data.get("resumed") and past:
-                        continue  # the history began with it
-                    told.clear()  # a resumed execution may run a step again
-                elif event.step_id in told:
-                    continue  # already in the history
-                yield event
-                if event.final:
-                    return
-        finally:
-            await source()
-
-    async def _live_source(self, run_id: str, live: asyncio.Queue[RunEvent]) -> Any:
-        """Start hearing ``run_id``'s live events (before the history is read); returns the
-        function that stops it."""
-        if not self.redis:
-            self.runtime.listen(run_id, live.put_nowait)
-
-            async def stop_local() -> None:
-                self.runtime.unlisten(run_id, live.put_nowait)
-
-            return stop_local
-        from .._bus import events_channel, parse_event, subscribe
-
-        stream = subscribe(self.runtime.store.raw_url, events_channel(run_id))  # a generator
-        subscribed = asyncio.Event()
-
-        async def pump() -> None:
-            first = asyncio.ensure_future(stream.__anext__())
-            await asyncio.sleep(0)
-            subscribed.set()
-            data = await first
-            while True:
-                event = parse_event(data)
-                if event is not None:
-                    live.put_nowait(event)
-                data = await stream.__anext__()
-
-        task = asyncio.ensure_future(pump())
-        await subscribed.wait()
-        await asyncio.sleep(0.05)  # let SUBSCRIBE reach Redis before the history is read
-
-        async def stop_remote() -> None:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            with contextlib.suppress(BaseException):
-                await stream.aclose()
-
-        return stop_remote
+        return run_events(self.runtime, run_id, redis=self.redis)
 
     # ------------------------------------------------------------------ the runner's loops
 
@@ -357,7 +281,7 @@ class Service:
     async def _take_loop(self) -> None:
         """Fill free slots: orphans first (once per touch interval), then the queue."""
         next_orphans = 0.0
-        while True:
+        while not self.draining:  # (a second guard besides the cancel of stop())
             free = self.config.max_runs - len(self._inflight)
             if free <= 0:
                 self._slot_freed.clear()
@@ -391,7 +315,7 @@ class Service:
 
     async def _maintenance_loop(self) -> None:
         """Touch the entries of the runs in flight, so that nobody takes them for orphans."""
-        while True:
+        while not self.draining:
             await asyncio.sleep(self.config.touch_every_s)
             try:
                 await self.queue.touch([d for d, _ in self._inflight.values()])
@@ -450,3 +374,16 @@ class Service:
         except (InputError, ChainRTError) as exc:
             log.warning("run %s could not run: %s", entry.run_id, exc)
         await self.queue.ack(delivery)
+
+
+async def _end(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end, cancelling again any that go on: a cancel
+    that lands as an awaited call completes can be dropped (``asyncio.wait_for`` on Python
+    3.11, also inside libraries), and a runner's loop that survives its one cancel never ends."""
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.1)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: a loop that failed is not reported as never awaited
