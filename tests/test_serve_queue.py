@@ -37,6 +37,7 @@ async def test_take_returns_none_after_its_wait_and_critical_comes_first() -> No
     await queue.put(Entry("low"), "low")
     await queue.put(Entry("crit"), "critical")
     first, second = await queue.take(wait_s=1), await queue.take(wait_s=1)
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert (first.entry, first.priority) == (Entry("crit"), "critical")
     assert (second.entry, second.priority) == (Entry("low"), "low")
