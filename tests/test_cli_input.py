@@ -111,6 +111,20 @@ def test_validate_run_and_input_on_a_fifo_answer_without_hanging(tmp_path: Path)
         assert "not a regular file" in done.stderr, done.stderr
 
 
+def test_validate_on_a_folder_holding_a_fifo_answers_without_hanging(tmp_path: Path) -> None:
+    """The folder walk sniffs every *.yaml it finds: a FIFO among them hung it (commit 7c8eef3)."""
+    folder = tmp_path / "chains"
+    folder.mkdir()
+    os.mkfifo(folder / "a_pipe.yaml")
+    (folder / "noop.yaml").write_text(Path(NOOP).read_text(encoding="utf-8"), encoding="utf-8")
+    (folder / "tools.py").write_text((CHAINS / "tools.py").read_text("utf-8"), "utf-8")
+    done = _subprocess("validate", str(folder), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "a_pipe.yaml" in done.stderr
+    assert "not a regular file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_folder_as_input_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a directory"):
         read_input(f"@{tmp_path}")

@@ -1,7 +1,7 @@
 """SIGTERM and SIGINT stop ``chainrt run`` cleanly (issue 12, findings 3 and 13).
 
-A real ``chainrt run`` process holds a Redis concurrency slot (``limit: 1``) and is stopped inside
-its step. It must give back its owner lease and its slot, record the budget it used, print one
+A real ``chainrt run`` process holds a concurrency slot (``limit: 1``) on a real Redis, or on the
+SQLite store whose limiter holds across processes, and is stopped inside its step. It must give back its owner lease and its slot, record the budget it used, print one
 line naming the run to resume (its real id), and exit 128 + the signal's number. The slot's
 lease lasts 60 s here, far past the next run's 8 s budget: had the slot not been released, the
 next run of the same user would end ``rejected`` (what the issue saw), not ``completed``.
@@ -52,6 +52,14 @@ def hold(marker):
 """
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs.db'}"
+    url: str = request.getfixturevalue("redis_url")
+    return url
+
+
 @pytest.fixture
 def chains(tmp_path: Path) -> Path:
     folder = tmp_path / "chains"
@@ -88,9 +96,9 @@ def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 async def test_a_signal_releases_lease_and_slots_and_names_the_run(
-    chains: Path, redis_url: str, signum: signal.Signals, code: int
+    chains: Path, store_url: str, signum: signal.Signals, code: int
 ) -> None:
-    env = env_for(redis_url)
+    env = env_for(store_url)
     marker = chains.parent / "started"
     inputs = json.dumps({"user": "u1", "marker": str(marker)})
     first = subprocess.Popen(
@@ -116,7 +124,7 @@ async def test_a_signal_releases_lease_and_slots_and_names_the_run(
     assert f"stopped by {signum.name}" in lines[0]
     assert "`chainrt resume sig-1`" in lines[0]  # the real id, not RUN_ID
 
-    store = open_store(redis_url)
+    store = open_store(store_url)
     try:
         stopped = await store.get_run("sig-1")
     finally:

@@ -224,3 +224,88 @@ async def test_a_killed_run_frees_its_key_within_the_lease(runs: Runs, tmp_path:
     # Freed by the lease lapsing (TTL 1.5 s), not before; within it plus slack for a busy machine
     # (the last renewal came at most TTL/3 before the kill; a waiter looks every 20 ms).
     assert 0.5 < freed_after < 1.5 + 1.0, freed_after
+
+
+# ---------------------------------------------------------------- the multiprocess tests, on SQLite
+
+WORKER = Path(__file__).resolve().parent / "helpers" / "limiter_worker.py"
+
+
+class Workers:
+    """``limiter_worker.py`` processes on one SQLite file, started together by a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.url = f"sqlite:///{path}"
+        self.go = path.parent / "go"
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, mode: str, key: str, *args: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), mode, "--url", self.url, "--key", key,
+             "--start-file", str(self.go), *args],
+            stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def run_all(self) -> None:
+        """Wait until every worker is ready, start them at once, wait for them to finish."""
+        for proc in self.procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            assert line == "ready", f"worker said {line!r} (exit code {proc.poll()})"
+        self.go.touch()
+        for proc in self.procs:
+            assert proc.wait(timeout=120) == 0
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(tmp_path / "shared.db")
+    yield pool
+    pool.close()
+
+
+@pytest.mark.slow
+def test_four_processes_never_exceed_the_limit(workers: Workers, tmp_path: Path) -> None:
+    """The Redis limiter's multiprocess test, on one SQLite file (finding 16)."""
+    outs = [tmp_path / f"w{i}.jsonl" for i in range(4)]
+    for i, out in enumerate(outs):
+        workers.start("contend", "model:m", "--limit", "2", "--iterations", "12",
+                      "--hold-ms", "15", "--name", f"w{i}", "--out", str(out))  # fmt: skip
+    workers.run_all()
+    intervals = []
+    for out in outs:
+        for line in out.read_text().splitlines():
+            record = json.loads(line)
+            intervals.append((record["enter"], record["exit"]))
+    assert len(intervals) == 4 * 12
+    assert _max_overlap(intervals) == 2  # the limit was reached, and never exceeded
+    assert _leftover_rows(tmp_path / "shared.db") == []
+
+
+@pytest.mark.slow
+def test_rate_holds_within_ten_percent_across_processes(workers: Workers, tmp_path: Path) -> None:
+    """5/s shared by four processes: ~25 grants in 5 s, whichever process asks."""
+    outs = [tmp_path / f"r{i}.jsonl" for i in range(4)]
+    for i, out in enumerate(outs):
+        workers.start("rate", "api:shared", "--limit", "100", "--rate", "5", "--seconds", "6",
+                      "--name", f"r{i}", "--out", str(out))  # fmt: skip
+    workers.run_all()
+    grants = sorted(
+        json.loads(line)["grant"] for out in outs for line in out.read_text().splitlines()
+    )
+    per_process = [len(out.read_text().splitlines()) for out in outs]
+    assert all(n > 0 for n in per_process), per_process  # every process got its turns
+    in_window = sum(1 for t in grants if grants[0] <= t < grants[0] + 5.0)
+    # The same bounds as on Redis: a burst of at most 1 plus 5/s over 5 s, ±10 %.
+    assert 22.5 <= in_window <= 27.5, in_window
