@@ -14,14 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import NamedTuple
 
-from .._errors import CheckpointError, RunNotFound, StoreUnavailable
+from .._errors import CheckpointError, RunNotFound
 from .._settings import get_settings
 from ._codec import (
     FINAL_STATUSES,
@@ -38,8 +34,9 @@ from ._group import IterationGroup, Outcomes
 from ._keys import check_run_id
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
-from ._sqlite_checkpoint import BACKSTOP_CHECKPOINT_PAGES, Checkpointer
-from ._sqlite_ro import connect_read_only, read_only_refusal
+from ._sqlite_checkpoint import Checkpointer
+from ._sqlite_conn import SQLiteConnection
+from ._sqlite_ro import connect_read_only
 from ._sqlite_schema import (
     COMMIT_SQL,
     DROP_EXPIRED_SQL,
@@ -53,7 +50,6 @@ from ._sqlite_schema import (
     PURGE_SQL,
     SCHEMA,
     UPSERT_STEP_SQL,
-    bring_layout,
     read_layout_1,
     run_from_row,
 )
@@ -78,7 +74,7 @@ class _Commit(NamedTuple):
     step: tuple[str, str] | None  # step id, record JSON
 
 
-class SQLiteStore(CheckpointStore):
+class SQLiteStore(SQLiteConnection, CheckpointStore):
     """Checkpoint store in one SQLite file; ``path=None`` keeps it in memory (tests).
 
     ``record_ttl_s`` (default: ``CHAINRT_RECORD_TTL_S``) is how long a finished run is kept;
@@ -96,20 +92,10 @@ class SQLiteStore(CheckpointStore):
         busy_timeout_s: float = 5.0,
         read_only: bool = False,
     ) -> None:
-        self.path = None if path is None else Path(path)
-        self.read_only = read_only and self.path is not None
-        self.url = "sqlite:///:memory:" if self.path is None else f"sqlite:///{self.path}"
-        if self.read_only:
-            self.url += "?mode=ro"
+        super().__init__(path, busy_timeout_s=busy_timeout_s, read_only=read_only)
         self.raw_url = self.url  # no secrets in a SQLite URL
         self.record_ttl_s = record_ttl_s if record_ttl_s is not None else _default_ttl()
         self.max_record_bytes = max_record_bytes
-        self._busy_timeout_s = busy_timeout_s
-        # The connection may be used from another thread than the one that opened it (a sync
-        # wrapper running its own loop); the lock keeps each operation's transaction whole.
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._checkpointer: Checkpointer | None = None
         self._last_purge = 0.0
         self._commits: IterationGroup[_Commit] = IterationGroup(self._write_commits)
         if self.read_only and self.path is not None:
@@ -124,6 +110,7 @@ class SQLiteStore(CheckpointStore):
                 read_layout_1(self._conn)
             return
         self._conn = self._open()
+        self._purge()
         if self.path is not None:
             self._checkpointer = Checkpointer(self.path)
 
@@ -338,85 +325,7 @@ class SQLiteStore(CheckpointStore):
                 logger.warning("list_runs skips run %r: %s", row[0], exc)
         return runs
 
-    async def close(self) -> None:
-        """Close the connection; the store is unusable afterwards."""
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-            self._checkpointer = None
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
     # -- internals ---------------------------------------------------------------------------
-
-    def _open(self) -> sqlite3.Connection:
-        target = ":memory:" if self.path is None else str(self.path)
-        try:
-            if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves, nothing implicit.
-            conn = sqlite3.connect(
-                target, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreUnavailable(
-                f"cannot open the SQLite checkpoint store {self.url}: {exc}; check that the "
-                "directory exists and is writable",
-                retryable=False,
-            ) from None
-        self._conn = conn
-        with self._guard():
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            # Checkpoints run on the Checkpointer's thread; this is only the backstop.
-            conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_CHECKPOINT_PAGES}")
-            bring_layout(conn, self.url)
-        self._purge()
-        return conn
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Turn sqlite3 errors into chainrt errors naming the store."""
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            text = str(exc)
-            if "locked" in text or "busy" in text:
-                raise StoreUnavailable(
-                    f"the SQLite store {self.url} stayed locked by another process for "
-                    f"{self._busy_timeout_s:g}s ({text}); try again",
-                    retryable=True,
-                ) from None
-            raise StoreUnavailable(
-                f"the SQLite store {self.url} failed: {text}", retryable=False
-            ) from None
-        except sqlite3.Error as exc:
-            raise CheckpointError(
-                f"the SQLite store {self.url} is not usable: {exc}; move the file aside and "
-                "start a new store"
-            ) from None
-
-    @contextmanager
-    def _transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
-        """One transaction (IMMEDIATE for writes: take the write lock before reading)."""
-        if write and self.read_only:
-            raise read_only_refusal(self.url)
-        with self._lock, self._guard():
-            conn = self._conn
-            if conn is None:
-                raise CheckpointError(f"the store {self.url} is closed")
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-                if write and self._checkpointer is not None:
-                    self._checkpointer.wrote()
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
 
     def _purge(self) -> None:
         """Delete runs (and their steps) whose TTL has passed; running runs never expire."""
