@@ -58,8 +58,14 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[LocalCluster]:
-    """A local Redis Cluster (3 masters, 3 replicas) started once for this test session."""
-    with LocalCluster() as cluster:
+    """A local Redis Cluster (3 masters, 3 replicas) started once for this test session.
+
+    ``cluster-node-timeout`` is Redis's default, 15 s: no test kills one of its nodes (a failover
+    drill starts a cluster of its own). With 2 s, a master stalled for 3.5 s (SIGSTOP, standing
+    in for a starved process on a loaded machine) was failed over in the middle of a test, and a
+    failover may lose an acknowledged write (asynchronous replication).
+    """
+    with LocalCluster(node_timeout_ms=15_000) as cluster:
         yield cluster
 
 
