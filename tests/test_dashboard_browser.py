@@ -297,6 +297,22 @@ def test_attempts_mark_the_fallback_and_errors_show(page: Page, runs: dict[str, 
     page.shot("dashboard-run-fallback.png")
 
 
+def test_a_long_value_is_folded_and_opens(page: Page, server: ServeProcess) -> None:
+    label = "long " * 100  # 500 characters: over the 200 at which values are folded
+    submit(server, "retry", "long-1", {"q": label})
+    wait_status(server, "long-1", {"completed"})
+    p = page.goto("/ui/runs/long-1")
+    p.wait_for_selector("body[data-stream='ended']")
+    folded = p.locator("#input details.fold")
+    expect(folded).to_have_count(1)
+    assert "characters)" in folded.locator("summary").inner_text()
+    full = folded.locator("pre.value")
+    assert not full.is_visible()  # folded until clicked
+    folded.locator("summary").click()
+    expect(full).to_be_visible()
+    assert label.strip() in full.inner_text()
+
+
 def test_concurrency_wait_is_drawn(page: Page, server: ServeProcess, runs: dict[str, str]) -> None:
     submit(server, "keyed", "holder", {"seconds": 1.0})
     wait_status(server, "holder", {"running"})
