@@ -7,6 +7,8 @@ import contextlib
 import hmac
 import logging
 import multiprocessing
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 
@@ -217,7 +219,7 @@ async def close_engine(engine: Engine, timeout_s: float) -> None:
     it, so a close waits for the build (tens of seconds), and a worker killed meanwhile left that
     core process behind. Past the timeout, or when a close leaves one, the children this process
     started (``multiprocessing``: vLLM's engine cores) are killed; their own children (vLLM's
-    ``VLLM::Worker``) exit when their parent does (vLLM's death pipe).
+    ``VLLM::Worker``) are killed with them (a core killed mid-start leaves its worker running).
     """
     try:
         await asyncio.wait_for(engine.close(), timeout_s)
@@ -225,5 +227,20 @@ async def close_engine(engine: Engine, timeout_s: float) -> None:
         log.warning("the engine did not close within %.0f s; ending its processes", timeout_s)
     for child in multiprocessing.active_children():
         log.warning("ending child process %s (pid %s) left by the engine", child.name, child.pid)
+        for pid in _descendants(child.pid):  # a core still starting has not armed their exit yet
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         child.kill()
         child.join(5)
+
+
+def _descendants(pid: int | None) -> list[int]:
+    """The process ids under ``pid`` (psutil, which vLLM brings; none without it)."""
+    if pid is None:
+        return []
+    try:
+        import psutil
+
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # psutil missing, or the process is gone
+        return []
