@@ -353,8 +353,12 @@ class Service:
             await self.queue.ack(delivery)  # done already (or cancelled while queued)
             return
         if record.status == "running":
+            record = await self._outlive_lease(record)
+            if record.finished and not resume:
+                await self.queue.ack(delivery)  # it ended (or was cancelled) meanwhile
+                return
             state = owner_state(record.owner, now=time.time(), host=this_host())
-            if not state.gone:
+            if record.status == "running" and not state.gone:
                 return  # its owner lives: leave the entry; it is looked at again if orphaned
         if entry.run_id in self.runtime.active():
             return
@@ -374,6 +378,23 @@ class Service:
         except (InputError, ChainRTError) as exc:
             log.warning("run %s could not run: %s", entry.run_id, exc)
         await self.queue.ack(delivery)
+
+    async def _outlive_lease(self, record: RunRecord) -> RunRecord:
+        """Wait out the lease of a running run's owner on another host, if it ends within one
+        lease TTL, and return the run's record read again.
+
+        Such an owner's pid cannot be checked, so its run is taken over only once its lease
+        expires; leaving the entry until the next orphan scan (``orphan_idle_s`` later, as the
+        take reset its idle time) would add up to that much to the takeover. The entry is in
+        flight meanwhile, so this runner touches it and no other takes it."""
+        owner = record.owner
+        if owner is None or owner.host == this_host():
+            return record  # no owner, or one whose pid this host can check
+        left_s = owner.expires_at - time.time()
+        if not 0 < left_s <= self.runtime.runner.lease_ttl_s or self.draining:
+            return record
+        await asyncio.sleep(left_s + 0.05)
+        return await self.runtime.store.get_run(record.run_id)
 
 
 async def _end(tasks: list[asyncio.Task[None]]) -> None:

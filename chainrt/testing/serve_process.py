@@ -6,6 +6,8 @@
 
 Started as ``python -m chainrt serve`` on a free port; ``start`` returns once
 ``/health/ready`` answers 200. Its output goes to a log file, shown when start-up fails.
+``hostname`` runs it in a UTS namespace of its own under that host name (``unshare -u``, root
+on Linux): its leases then name another host, as a runner on another machine's would.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ServeProcess:
         env: dict[str, str] | None = None,
         port: int | None = None,
         startup_s: float = 60.0,
+        hostname: str | None = None,
     ) -> None:
         self.store = store
         self.chains = str(chains)
@@ -48,6 +51,7 @@ class ServeProcess:
         self.port = port or free_port()
         self.env = env or {}
         self.startup_s = startup_s
+        self.hostname = hostname
         self.process: subprocess.Popen[bytes] | None = None
         self._log = Path(tempfile.mkstemp(prefix="chainrt-serve-", suffix=".log")[1])
 
@@ -80,6 +84,16 @@ class ServeProcess:
             "--drain",
             self.drain,
         ]
+        if self.hostname is not None:  # exec keeps the pid: kill() still hits the runner
+            command = [
+                "unshare",
+                "-u",
+                "sh",
+                "-c",
+                'hostname "$0" && exec "$@"',
+                self.hostname,
+                *command,
+            ]
         env = {**os.environ, **self.env}
         with self._log.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
