@@ -56,6 +56,16 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL, once for a SQLite file and once for the session's Redis (a test file that
+    needs only SQLite defines its own ``store_url``)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs.db'}"
+    url: str = request.getfixturevalue("redis_url")
+    return url
+
+
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[LocalCluster]:
     """A local Redis Cluster (3 masters, 3 replicas) started once for this test session.

@@ -52,14 +52,6 @@ def hold(marker):
 """
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
 @pytest.fixture
 def chains(tmp_path: Path) -> Path:
     folder = tmp_path / "chains"

@@ -117,14 +117,6 @@ class _FinishedBeforeClaim:
         return await self._store.claim(run_id, expected_token, owner)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
 async def test_a_run_finished_between_read_and_claim_is_returned(
     chains: Path, tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

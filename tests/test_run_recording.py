@@ -54,14 +54,6 @@ def fine(user=None):
 """
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
 @pytest.fixture
 def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "tools.py").write_text(TOOLS, encoding="utf-8")

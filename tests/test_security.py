@@ -62,14 +62,6 @@ def crash_once(marker):
 """
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A project folder: ``chains/crash.yaml`` and its ``tools.py``."""
