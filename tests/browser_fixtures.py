@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from chainrt.testing.serve_process import ServeProcess
 
-__all__ = ["CHROMIUM", "Page", "submit", "wait_status"]
+__all__ = ["CHROMIUM", "Page", "checked_page", "chromium", "submit", "wait_status"]
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's Chromium (scripts/setup installs it); Playwright drives it via executable_path."""
@@ -57,3 +59,24 @@ class Page:
         folder = os.environ.get("CHAINRT_DASHBOARD_SHOTS")
         if folder:
             self.page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Debian Chromium driven by Playwright (the module's ``browser`` fixture)."""
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM)
+        yield launched
+        launched.close()
+
+
+@contextmanager
+def checked_page(browser: Any, base: str) -> Iterator[Page]:
+    """A :class:`Page` on ``base`` that fails the test if the page logged console errors."""
+    opened = Page(browser, base)
+    yield opened
+    errors = list(opened.errors)
+    opened.page.close()
+    assert errors == [], f"console errors: {errors}"

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from browser_fixtures import CHROMIUM, Page, submit, wait_status
+from browser_fixtures import CHROMIUM, Page, checked_page, chromium, submit, wait_status
 from worker_fixtures import WorkerProcess, free_port
 
 from chainrt.testing.redis_server import RedisServer
@@ -92,19 +92,14 @@ def runs(server: ServeProcess) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM)
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
 def page(browser: Any, server: ServeProcess) -> Iterator[Page]:
-    opened = Page(browser, server.url)
-    yield opened
-    errors = list(opened.errors)
-    opened.page.close()
-    assert errors == [], f"console errors: {errors}"
+    with checked_page(browser, server.url) as opened:
+        yield opened
 
 
 def row_ids(page: Any) -> list[str]:

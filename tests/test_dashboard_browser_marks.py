@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_fixtures import CHROMIUM, Page, submit, wait_status
+from browser_fixtures import CHROMIUM, Page, checked_page, chromium, submit, wait_status
 from worker_fixtures import WorkerProcess
 
 from chainrt.testing.redis_server import RedisServer
@@ -123,19 +123,14 @@ def server(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM)
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
 def page(browser: Any, server: ServeProcess) -> Iterator[Page]:
-    opened = Page(browser, server.url)
-    yield opened
-    errors = list(opened.errors)
-    opened.page.close()
-    assert errors == [], f"console errors: {errors}"
+    with checked_page(browser, server.url) as opened:
+        yield opened
 
 
 def test_retry_of_the_same_model_is_marked(

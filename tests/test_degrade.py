@@ -30,14 +30,6 @@ def worker() -> Iterator[WorkerProcess]:
         yield w
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
 def pool(tmp_path: Path, url: str) -> str:
     path = tmp_path / f"pool-{url.rsplit(':', 1)[-1]}.yaml"
     path.write_text(
@@ -76,17 +68,17 @@ DEGRADE = "[cache, {static: 'busy, run {{ run.id }}'}]"
 
 
 async def test_cached_answer_then_static_when_the_model_is_down(
-    tmp_path: Path, worker: WorkerProcess, store: str
+    tmp_path: Path, worker: WorkerProcess, store_url: str
 ) -> None:
-    tag = store[:5]
-    first, _ = await ask(tmp_path, store, worker.base, DEGRADE, "Say hello.", f"up-{tag}")
+    tag = store_url[:5]
+    first, _ = await ask(tmp_path, store_url, worker.base, DEGRADE, "Say hello.", f"up-{tag}")
     assert first.status == "completed", first.error
     assert first.steps[0].degraded is None
     assert first.steps[0].model == "primary"
 
     down = f"http://127.0.0.1:{free_port()}"
     # "Say  HELLO" normalises to the same prompt as "Say hello."
-    hit, record = await ask(tmp_path, store, down, DEGRADE, "  Say  HELLO ", f"hit-{tag}")
+    hit, record = await ask(tmp_path, store_url, down, DEGRADE, "  Say  HELLO ", f"hit-{tag}")
     assert hit.status == "completed", hit.error
     step = hit.steps[0]
     assert hit.output == first.output
@@ -98,7 +90,7 @@ async def test_cached_answer_then_static_when_the_model_is_down(
     assert [a.model for a in record.attempt_log][-1] == "cache"
     assert record.attempt_log[-1].status == "ok"
 
-    miss, record = await ask(tmp_path, store, down, DEGRADE, "Something else", f"miss-{tag}")
+    miss, record = await ask(tmp_path, store_url, down, DEGRADE, "Something else", f"miss-{tag}")
     assert miss.status == "completed", miss.error
     assert miss.output == f"busy, run miss-{tag}"
     assert miss.steps[0].degraded == {"by": "static"}
@@ -109,24 +101,26 @@ async def test_cached_answer_then_static_when_the_model_is_down(
 
 
 async def test_expired_cache_entry_is_not_used(
-    tmp_path: Path, worker: WorkerProcess, store: str
+    tmp_path: Path, worker: WorkerProcess, store_url: str
 ) -> None:
     degrade = "[{cache: 1s}]"
-    tag = store[:5]
-    first, _ = await ask(tmp_path, store, worker.base, degrade, "Say yes.", f"ttl-up-{tag}")
+    tag = store_url[:5]
+    first, _ = await ask(tmp_path, store_url, worker.base, degrade, "Say yes.", f"ttl-up-{tag}")
     assert first.status == "completed", first.error
     await asyncio.sleep(1.2)  # the entry's TTL is 1 s
     down = f"http://127.0.0.1:{free_port()}"
-    late, record = await ask(tmp_path, store, down, degrade, "Say yes.", f"ttl-late-{tag}")
+    late, record = await ask(tmp_path, store_url, down, degrade, "Say yes.", f"ttl-late-{tag}")
     assert late.status == "failed"
     assert record.attempt_log[-1].status == "miss"
 
 
-async def test_smaller_model_answers_when_the_primary_is_down(tmp_path: Path, store: str) -> None:
+async def test_smaller_model_answers_when_the_primary_is_down(
+    tmp_path: Path, store_url: str
+) -> None:
     await get_local_engine().start()
     down = f"http://127.0.0.1:{free_port()}"
     result, record = await ask(
-        tmp_path, store, down, "[{model: local}]", "Say OK", f"small-{store[:5]}"
+        tmp_path, store_url, down, "[{model: local}]", "Say OK", f"small-{store_url[:5]}"
     )
     assert result.status == "completed", result.error
     step = result.steps[0]

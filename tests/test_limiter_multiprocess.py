@@ -10,49 +10,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from limiter_workers import LimiterWorkers as Workers
 
 from chainrt._errors import ConcurrencyRejected
 from chainrt.concurrency import KeyRequest, RedisLimiter
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]  # many processes: the slow tier
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).resolve().parent / "helpers" / "limiter_worker.py"
 START_LIST = "test:limiter:start"
-
-
-class Workers:
-    """Starts worker processes and makes sure none outlives the test."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, mode: str, key: str, *args: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), mode, "--url", self.url, "--key", key, *args],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from limiter_workers import LimiterWorkers
 
 from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, SQLiteLimiter, open_limiter
 from chainrt.testing.limiter_conformance import Leftovers, LimiterConformance, run_stress
@@ -228,26 +229,13 @@ async def test_a_killed_run_frees_its_key_within_the_lease(runs: Runs, tmp_path:
 
 # ---------------------------------------------------------------- the multiprocess tests, on SQLite
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "limiter_worker.py"
 
-
-class Workers:
+class Workers(LimiterWorkers):
     """``limiter_worker.py`` processes on one SQLite file, started together by a file."""
 
     def __init__(self, path: Path) -> None:
-        self.url = f"sqlite:///{path}"
         self.go = path.parent / "go"
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, mode: str, key: str, *args: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), mode, "--url", self.url, "--key", key,
-             "--start-file", str(self.go), *args],
-            stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        self.procs.append(proc)
-        return proc
+        super().__init__(f"sqlite:///{path}", "--start-file", str(self.go))
 
     def run_all(self) -> None:
         """Wait until every worker is ready, start them at once, wait for them to finish."""
@@ -258,14 +246,6 @@ class Workers:
         self.go.touch()
         for proc in self.procs:
             assert proc.wait(timeout=120) == 0
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 @pytest.fixture
