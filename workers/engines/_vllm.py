@@ -26,7 +26,6 @@ import logging
 import os
 import time
 import uuid
-import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -40,20 +39,18 @@ from ._base import (
     MemoryStats,
     StreamDelta,
 )
-from ._confidence import confidence_score
 from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
+from ._vllm_core import CoreConfig, kv_memory, probe_llm
 from ._vllm_standby import StandbyCore
 from ._vllm_support import (
     DTYPE_BYTES,
+    Collected,
     KvUsage,
     core_pid,
-    finish_reason,
     import_vllm,
     raise_native_oom,
-    remember_processes,
     sampling_params,
     shutdown_llm,
-    token_top_logprobs,
     translate_error,
 )
 
@@ -61,10 +58,6 @@ __all__ = ["VllmEngine"]
 
 _log = logging.getLogger(__name__)
 
-_CPU_KV_CACHE_BYTES = 512 * 2**20
-"""KV cache of the CPU build unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says otherwise: ~23k tokens
-of SmolLM2 in bf16, about 11 full 2048-token contexts, without taking the host's memory."""
-_PROBE_TIMEOUT_S = 60.0
 _REFILL_DELAY_S = 5.0
 """After a swap, the next standby core starts building this much later: a build takes the CPU
 (and, in this process, the GIL) for tens of seconds, and the swap's readiness check and the
@@ -105,13 +98,17 @@ class VllmEngine(Engine):
         self.model_name = model_name
         self._model_arg = model
         self._max_model_len = max_model_len
-        self._max_num_seqs = max_num_seqs
         self._dtype_arg = dtype
-        self._dtype = dtype or "bfloat16"  # settled at start: float32 on a CPU
-        self._kv_cache_bytes = kv_cache_bytes
-        self._gpu_memory_utilization = gpu_memory_utilization
-        self._enforce_eager = enforce_eager
-        self._extra_args = dict(engine_args or {})
+        self._config = CoreConfig(
+            model_name=model_name,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            dtype=dtype or "bfloat16",  # settled at start: float32 on a CPU
+            enforce_eager=enforce_eager,
+            kv_cache_bytes=kv_cache_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            extra_args=dict(engine_args or {}),
+        )
         self._v: dict[str, Any] = {}
         self._llm: Any = None
         self._tokenizer: PromptTokenizer | None = None
@@ -259,42 +256,7 @@ class VllmEngine(Engine):
 
     def _new_llm(self) -> Any:
         """Resolve the model and start a new AsyncLLM (blocking); returns it."""
-        v = self._v
-        model_dir = self._model_dir()
-        kwargs: dict[str, Any] = {
-            "model": str(model_dir),
-            "served_model_name": self.model_name,
-            "dtype": self._dtype,
-            "max_model_len": self._max_model_len,
-            "max_num_seqs": self._max_num_seqs,
-            "enforce_eager": self._enforce_eager,
-            "scheduling_policy": "priority",
-            "disable_log_stats": True,  # our KV-usage logger still gets the scheduler stats
-            "seed": 0,
-        }
-        kv_bytes = self._kv_cache_bytes
-        if kv_bytes is None and v["is_cpu"] and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kv_bytes = _CPU_KV_CACHE_BYTES
-        if kv_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_bytes
-        if self._gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = self._gpu_memory_utilization
-        kwargs.update(self._extra_args)
-        try:
-            args = v["AsyncEngineArgs"](**kwargs)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                warnings.simplefilter("ignore", FutureWarning)
-                llm = v["AsyncLLM"].from_engine_args(
-                    args, stat_loggers=[self._kv.factory(v["StatLoggerBase"])]
-                )
-        except Exception as exc:  # vLLM raises RuntimeError/ValueError/... on a failed start
-            raise WorkerError(
-                f"cannot start vLLM on {model_dir} ({type(exc).__name__}: {exc}); see the "
-                "engine core's log above for the cause"
-            ) from exc
-        remember_processes(llm)  # its children outlive a killed core: shutdown_llm ends them
-        return llm
+        return self._config.start_llm(self._v, self._model_dir(), self._kv)
 
     def _load(self) -> None:
         """Import vLLM and load the tokenizer (blocking); a call of its own, before _build.
@@ -307,7 +269,7 @@ class VllmEngine(Engine):
             try:
                 self._v = import_vllm()
                 if self._dtype_arg is None:
-                    self._dtype = "float32" if self._v["is_cpu"] else "bfloat16"
+                    self._config.dtype = "float32" if self._v["is_cpu"] else "bfloat16"
             except ImportError as exc:
                 raise WorkerError(
                     "vLLM is not installed, so the vllm engine cannot run; "
@@ -362,29 +324,17 @@ class VllmEngine(Engine):
                 left, self._abort_at_deadline, llm, rid, deadline_hit
             )
         outputs = llm.generate({"prompt_token_ids": ids}, params, rid, priority=request.priority)
-        text: list[str] = []
-        tops: list[list[float]] = []
-        completion = 0
-        vllm_reason: str | None = None
-        started = time.perf_counter()
-        first: float | None = None
+        got = Collected()
         try:
             # Injected faults surface where vLLM's own OOM reaches us: inside the output loop.
             if self.faults.take_oom():
                 raise_native_oom(rid)
             async for out in outputs:
-                piece = out.outputs[0]
-                completion += len(piece.token_ids)
-                if first is None and piece.token_ids:
-                    first = time.perf_counter()
-                tops.extend(token_top_logprobs(piece.logprobs))
-                if piece.text:
-                    text.append(piece.text)
-                    yield StreamDelta(piece.text)
-                if out.finished:
-                    vllm_reason = piece.finish_reason
-                    if vllm_reason == "error":  # vLLM's retryable request-level failure
-                        raise WorkerError(f"vLLM failed request {rid}; retry it", retryable=True)
+                piece = got.add(out)
+                if piece:
+                    yield StreamDelta(piece)
+                if got.vllm_reason == "error":  # vLLM's retryable request-level failure
+                    raise WorkerError(f"vLLM failed request {rid}; retry it", retryable=True)
         except Exception as exc:
             dead = isinstance(exc, self._v["EngineDeadError"]) or bool(llm.errored)
             raise translate_error(exc, f"request {rid} ({len(ids)} prompt tokens)", dead) from exc
@@ -392,18 +342,7 @@ class VllmEngine(Engine):
             if timer is not None:
                 timer.cancel()
             await outputs.aclose()  # aborts the request in vLLM if it is still running
-        reason = finish_reason(vllm_reason, deadline_hit.is_set())
-        ended = time.perf_counter()
-        result = GenerationResult(
-            "".join(text),
-            reason,
-            len(ids),
-            completion,
-            confidence=confidence_score(tops),
-            prefill_ms=None if first is None else round((first - started) * 1000, 3),
-            decode_ms=None if first is None else round((ended - first) * 1000, 3),
-        )
-        yield StreamDelta("", result)
+        yield StreamDelta("", got.result(len(ids), deadline_hit.is_set()))
 
     def _abort_at_deadline(self, llm: Any, rid: str, hit: asyncio.Event) -> None:
         hit.set()
@@ -413,18 +352,8 @@ class VllmEngine(Engine):
 
     async def _probe(self, llm: Any) -> None:
         """One short deterministic generation straight on ``llm``; raises if it fails."""
-        params = self._v["SamplingParams"](max_tokens=1, temperature=0.0)
-        rid = f"probe-{uuid.uuid4().hex[:12]}"
         ids = self._tokens().prompt_ids(GenerationRequest(prompt="Hello"), self._max_model_len)
-
-        async def run() -> int:
-            produced = 0
-            async for out in llm.generate({"prompt_token_ids": ids}, params, rid, priority=-1):
-                produced = len(out.outputs[0].token_ids)
-            return produced
-
-        if await asyncio.wait_for(run(), _PROBE_TIMEOUT_S) < 1:
-            raise EngineDead("the vLLM engine produced no token for its health probe")
+        await probe_llm(self._v, llm, ids)
 
     # -- accounting ------------------------------------------------------------------------
 
@@ -447,29 +376,8 @@ class VllmEngine(Engine):
         return self._max_model_len
 
     def memory(self) -> MemoryStats | None:
-        """KV memory from vLLM's own block accounting: blocks × block size × bytes per token.
-
-        ``free_bytes`` uses the engine core's last reported KV usage (0 when nothing runs).
-        """
+        """KV memory from vLLM's own block accounting (see :func:`kv_memory`)."""
         llm = self._llm
         if llm is None or self._facts is None:
             return None
-        per_token = self._facts.kv_bytes_per_token(DTYPE_BYTES[self._dtype])
-        cache = llm.vllm_config.cache_config
-        blocks = int(cache.num_gpu_blocks or 0)
-        total = blocks * int(cache.block_size) * per_token
-        # vLLM reports usage only when it steps; with nothing unfinished the cache is free.
-        usage = self._kv.usage if llm.get_num_unfinished_requests() else 0.0
-        return MemoryStats(
-            total_bytes=total,
-            free_bytes=int(total * (1.0 - usage)),
-            kv_bytes_per_token=per_token,
-            extra={
-                "kv_blocks": float(blocks),
-                "block_size": float(cache.block_size),
-                "kv_usage": usage,
-                "running": float(self._kv.running),
-                "waiting": float(self._kv.waiting),
-                "context_tokens": float(self._max_model_len),
-            },
-        )
+        return kv_memory(llm, self._facts, self._config.dtype, self._kv, self._max_model_len)

@@ -10,18 +10,20 @@ import asyncio
 import contextlib
 import gc
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
-from ._base import FinishReason, GenerationRequest
-from ._confidence import TOP_K
+from ._base import FinishReason, GenerationRequest, GenerationResult
+from ._confidence import TOP_K, confidence_score
 from ._hf_cache import force_offline
 
 __all__ = [
     "DTYPE_BYTES",
+    "Collected",
     "KvUsage",
     "core_pid",
     "end_leftovers",
@@ -185,6 +187,45 @@ def finish_reason(vllm_reason: str | None, deadline_hit: bool) -> FinishReason:
     if vllm_reason == "length":
         return "length"
     return "stop"  # "stop", or "repetition": vLLM cut a looping answer short
+
+
+class Collected:
+    """What one request's vLLM output deltas add up to: text, tokens, top log-probabilities,
+    vLLM's finish reason and the time of the first token."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.tops: list[list[float]] = []
+        self.completion = 0
+        self.vllm_reason: str | None = None
+        self.started = time.perf_counter()
+        self.first: float | None = None
+
+    def add(self, out: Any) -> str:
+        """Take one ``RequestOutput`` delta; returns its new text ("" when none)."""
+        piece = out.outputs[0]
+        self.completion += len(piece.token_ids)
+        if self.first is None and piece.token_ids:
+            self.first = time.perf_counter()
+        self.tops.extend(token_top_logprobs(piece.logprobs))
+        if piece.text:
+            self.text.append(piece.text)
+        if out.finished:
+            self.vllm_reason = piece.finish_reason
+        return str(piece.text or "")
+
+    def result(self, prompt_tokens: int, deadline_hit: bool) -> GenerationResult:
+        """The request's result, once its outputs ended."""
+        first, ended = self.first, time.perf_counter()
+        return GenerationResult(
+            "".join(self.text),
+            finish_reason(self.vllm_reason, deadline_hit),
+            prompt_tokens,
+            self.completion,
+            confidence=confidence_score(self.tops),
+            prefill_ms=None if first is None else round((first - self.started) * 1000, 3),
+            decode_ms=None if first is None else round((ended - first) * 1000, 3),
+        )
 
 
 def token_top_logprobs(
