@@ -56,6 +56,14 @@ class ModelBackend(abc.ABC):
         """How many endpoints outside ``avoid`` could take a request now."""
         return 1 if self.available() else 0
 
+    def places(self) -> int:
+        """How many places requests go to (endpoints); 1 for the in-process model.
+
+        With one place, a timed-out attempt tells about the model itself (its latency figures
+        take it in); with several, it may only tell about one endpoint (a hung one).
+        """
+        return 1
+
     def why_unavailable(self) -> str:
         """Why :meth:`available` is False, for the attempt log."""
         return "no usable endpoint"

@@ -270,6 +270,8 @@ class _ModelTry:
                 self._log("skipped", elapsed, None, exc.message)
                 raise _Skipped(exc.message) from None
             self._log(exc.error_class, elapsed, exc.endpoint, exc.message, final=False)
+            if exc.error_class == "timeout":
+                self._record_timeout(elapsed / 1000)
             if exc.endpoint is not None:
                 self.avoid.add(exc.endpoint)
             raise
@@ -347,6 +349,20 @@ class _ModelTry:
             self.d.latency.record(
                 key, seconds, now, prompt_tokens=prompt, completion_tokens=got.completion_tokens
             )
+
+    def _record_timeout(self, seconds: float) -> None:
+        """A timed-out attempt of a one-place model (the in-process one) refreshes its figures
+        when it ran longer than they expect (:meth:`LatencyTracker.record_timeout`): under load
+        its slow attempts are the ones cut, and answers alone would keep the estimate quick."""
+        if self.backend.places() != 1:
+            return  # one hung endpoint of several says nothing about the model
+        self.d.latency.record_timeout(
+            self.model,
+            seconds,
+            time.monotonic(),
+            prompt_tokens=estimate_prompt_tokens(self.call.messages),
+            max_tokens=self.max_tokens,
+        )
 
     def _log(
         self,

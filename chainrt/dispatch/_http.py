@@ -142,6 +142,9 @@ class HttpBackend(ModelBackend):
             for url, _ in self.endpoints
         )
 
+    def places(self) -> int:
+        return len(self.endpoints)
+
     def why_unavailable(self) -> str:
         """Why no endpoint can be tried now, one reason per endpoint."""
         table = self.resources.table

@@ -14,9 +14,13 @@ generate: a reserve must cover the long answer, not the usual one).
 A model with no answers yet may have a *baseline*: samples measured when it was loaded (the
 in-process model measures one short generation, see :class:`~._backend.LocalBackend`). The
 baseline stands in until enough real answers arrive, then real answers refresh the figure.
-Only answers are recorded (a timeout says "at least this long", which a quantile cannot use),
-and samples older than ``max_age_s`` are forgotten, so a model skipped for being slow is tried
-again once its old figures age out. Time is passed in; nothing here reads a clock.
+A timed-out attempt says "at least this long": :func:`censored_sample` turns it into a sample
+(its seconds over the work of its whole ``max_tokens``, a lower bound of its true rate) when that
+rate is not quicker than the median of what is known, and only then. Recording only answers made the
+figures of a model slowed by load stale: its slow attempts were cut and never counted, so the
+reserve kept sizing its fallback from the quick ones (issue 14). Samples older than
+``max_age_s`` are forgotten, so a model skipped for being slow is tried again once its old
+figures age out. Time is passed in; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "PREFILL_WEIGHT",
     "LatencyTracker",
     "Sample",
+    "censored_sample",
     "estimate_prompt_tokens",
     "expected_seconds",
     "median",
@@ -100,6 +105,28 @@ def expected_seconds(
     return quantile(rates, q) * work_units(prompt_tokens, max_tokens)
 
 
+def censored_sample(
+    samples: Sequence[Sample], seconds: float, prompt_tokens: int, max_tokens: int
+) -> Sample | None:
+    """The sample a timed-out attempt adds to ``samples``, or None when it tells nothing new.
+
+    The attempt ran ``seconds`` without finishing a request of at most ``max_tokens``: its rate
+    is at least ``seconds / work_units(prompt_tokens, max_tokens)``. That lower bound is
+    recorded (as an answer of ``max_tokens``) only when it is not quicker than the median rate of
+    ``samples`` (or there are none): an attempt cut before the model's usual time says nothing
+    about the model, one cut after it says the model has slowed down.
+    """
+    if seconds <= 0:
+        return None
+    sample = Sample(seconds, prompt_tokens, max(max_tokens, 0))
+    if samples:
+        rate = seconds / work_units(prompt_tokens, max_tokens)
+        rates = [s.seconds / work_units(s.prompt_tokens, s.completion_tokens) for s in samples]
+        if rate < median(rates):
+            return None
+    return sample
+
+
 def too_slow(p50_s: float | None, left_s: float, *, keep_partial: bool) -> bool:
     """True when a candidate should be skipped: its median answer takes longer than the time left.
 
@@ -143,6 +170,30 @@ class LatencyTracker:
         if window is None:
             window = self._windows[key] = _Window(deque(maxlen=self.size))
         window.samples.append((now, Sample(seconds, prompt_tokens, completion_tokens)))
+
+    def record_timeout(
+        self, key: str, seconds: float, now: float, *, prompt_tokens: int, max_tokens: int
+    ) -> bool:
+        """Remember that an attempt of ``key`` ran ``seconds`` without answering a request of
+        ``max_tokens`` (see :func:`censored_sample`); True when it was recorded.
+
+        Judged against what :meth:`expected` would use now (recent answers, or the baseline
+        while they are too few).
+        """
+        known = self._young(key, now)
+        if len(known) < self.min_samples:
+            known += self._baselines.get(key, ())
+        sample = censored_sample(known, seconds, prompt_tokens, max_tokens)
+        if sample is None:
+            return False
+        self.record(
+            key,
+            sample.seconds,
+            now,
+            prompt_tokens=sample.prompt_tokens,
+            completion_tokens=sample.completion_tokens,
+        )
+        return True
 
     def set_baseline(self, key: str, samples: Sequence[Sample]) -> None:
         """Samples measured at load, used while ``key`` has fewer than ``min_samples`` answers."""
