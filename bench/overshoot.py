@@ -1,7 +1,7 @@
 """Budget overshoot: how far past its allotment a step ends, and past its budget a run ends.
 
     .venv/bin/python bench/overshoot.py [--tool-steps 2000] [--llm-steps 400] [--concurrency 8]
-        [--llm-concurrency 2] [--latency-ms 50] [--no-llm]
+        [--llm-concurrency 2] [--latency-ms 50] [--no-llm | --no-tools] [--show-worst N]
 
 Tool steps: runs of 10 optional tool steps with a budget of 0.5-2 s (so allotments of about
 50-200 ms), each step a random tool — sync (``time.sleep`` in a thread, abandoned at the
@@ -101,8 +101,28 @@ async def _loop_lag(lags: list[float]) -> None:
         lags.append(max((time.perf_counter() - started) * 1000 - 1.0, 0.0))
 
 
+async def _worst(runtime: Any, results: list[RunResult], n: int) -> list[str]:
+    """The ``n`` steps that overshot most, each with its attempts (where the time went)."""
+    over = sorted(
+        ((s.elapsed_ms - s.allotted_ms, r.run_id, s.id) for r in results for s in r.steps),
+        reverse=True,
+    )[:n]
+    lines = []
+    for late, run_id, step_id in over:
+        rec = (await runtime.store.get_steps(run_id))[step_id]
+        attempts = ", ".join(
+            f"{a.status} {a.elapsed_ms:.1f}ms" + (f" ({a.detail[:80]})" if a.detail else "")
+            for a in rec.attempt_log
+        )
+        lines.append(
+            f"    +{late:.1f} ms  {run_id}/{step_id} {rec.status} allotted {rec.allotted_ms:.1f}"
+            f" elapsed {rec.elapsed_ms:.1f}: {attempts or 'no attempts'}"
+        )
+    return lines
+
+
 async def _runs(
-    specs: list[dict[str, Any]], store: str, pool: Any, concurrency: int
+    specs: list[dict[str, Any]], store: str, pool: Any, concurrency: int, show_worst: int = 0
 ) -> tuple[list[RunResult], list[float]]:
     gate = asyncio.Semaphore(concurrency)
     results: list[RunResult] = []
@@ -122,6 +142,8 @@ async def _runs(
             await asyncio.gather(*(one(spec, i) for i, spec in enumerate(specs)))
         finally:
             monitor.cancel()
+        if show_worst:
+            print("\n".join(["  worst steps:", *await _worst(runtime, results, show_worst)]))
     return results, lags
 
 
@@ -171,14 +193,15 @@ async def _main(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         specs = [_tool_chain(rng, i) for i in range(args.tool_steps // TOOL_STEPS_PER_RUN)]
-        started = time.perf_counter()
-        results, lags = await _runs(specs, f"sqlite:///{tmp}/tools.db", None, args.concurrency)
-        tools = {
-            (spec["name"], step["id"]): step["tool"].split(":")[1]
-            for spec in specs
-            for step in spec["steps"]
-        }
-        _report("tool steps", results, lags, time.perf_counter() - started, tools)
+        if not args.no_tools:
+            started = time.perf_counter()
+            results, lags = await _runs(specs, f"sqlite:///{tmp}/tools.db", None, args.concurrency)
+            tools = {
+                (spec["name"], step["id"]): step["tool"].split(":")[1]
+                for spec in specs
+                for step in spec["steps"]
+            }
+            _report("tool steps", results, lags, time.perf_counter() - started, tools)
         if args.no_llm:
             return
         with local_workers(1, "--enable-fault-injection", "--health-interval", "600") as workers:
@@ -195,7 +218,11 @@ async def _main(args: argparse.Namespace) -> None:
             started = time.perf_counter()
             try:
                 results, lags = await _runs(
-                    specs, f"sqlite:///{tmp}/llm.db", dispatcher, args.llm_concurrency
+                    specs,
+                    f"sqlite:///{tmp}/llm.db",
+                    dispatcher,
+                    args.llm_concurrency,
+                    args.show_worst,
                 )
             finally:
                 await dispatcher.close()
@@ -223,6 +250,10 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--no-llm", action="store_true", help="tool steps only (no worker)")
+    parser.add_argument("--no-tools", action="store_true", help="LLM steps only")
+    parser.add_argument(
+        "--show-worst", type=int, default=0, help="print the N latest LLM steps' attempts"
+    )
     args = parser.parse_args()
     asyncio.run(_main(args))
 
