@@ -1,5 +1,6 @@
-"""Timed-out attempts refresh a model's latency figures (issue 14: the local fallback's estimate
-went stale under load, because only its quick attempts answered and were recorded)."""
+"""Two decisions of issue 14 (a hung primary must not starve the local fallback): timed-out
+attempts refresh a model's latency figures (under load only the local model's quick attempts
+answered and were recorded), and an attempt too short to answer is not started."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from chainrt.dispatch._latency import (
     censored_sample,
     work_units,
 )
+from chainrt.dispatch._policy import MIN_USEFUL_ATTEMPT_S, worth_starting
 
 # A model answering 16 tokens of a 20-token prompt in 0.2 s.
 QUICK = Sample(0.2, 20, 16)
@@ -55,3 +57,20 @@ def test_timeouts_raise_a_stale_baseline_and_quick_cuts_do_not() -> None:
     after = tracker.expected("local", 5.0, prompt_tokens=20, max_tokens=16, q=0.5)
     assert after == pytest.approx(0.8)
     assert QUICK_RATE * work_units(20, 16) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("span", "own_p50", "fallback_next", "expected"),
+    [
+        (0.005, None, True, False),  # the reserve took the step: 5 ms cannot answer
+        (0.005, None, False, True),  # the last candidate is always tried
+        (MIN_USEFUL_ATTEMPT_S, None, True, True),
+        (0.3, 0.4, True, False),  # shorter than its median: it would only time out
+        (0.4, 0.4, True, True),
+        (0.3, 0.4, False, True),
+    ],
+)
+def test_worth_starting(
+    span: float, own_p50: float | None, fallback_next: bool, expected: bool
+) -> None:
+    assert worth_starting(span, own_p50, fallback_next=fallback_next) is expected

@@ -41,6 +41,7 @@ from ._policy import (
     fit_context,
     judged_after,
     reserve_for,
+    worth_starting,
 )
 from ._types import LlmAnswer, LlmCall
 
@@ -248,6 +249,13 @@ class _ModelTry:
             fallback_next=self.reserve_s > 0,
             keep_s=fallback_need(rest, left, keep_partial=call.keep_partial),
         )
+        if not worth_starting(end - now, p50, fallback_next=self.reserve_s > 0):
+            why = (
+                f"the next fallback's reserve leaves it {max(end - now, 0) * 1000:.0f}ms, too "
+                "little to answer"
+            )
+            self._log("skipped", 0.0, None, why)
+            raise _Skipped(why)
         started = time.perf_counter()
         # The attempt's number goes with the call: interceptors of the backend (tracing) read it.
         attempt = dataclasses.replace(

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_RESERVE_SHARE",
     "MIN_ATTEMPT_S",
     "MIN_STUCK_S",
+    "MIN_USEFUL_ATTEMPT_S",
     "OWN_FLOOR_FACTOR",
     "RESERVE_FACTOR",
     "STUCK_FACTOR",
@@ -46,6 +47,7 @@ __all__ = [
     "fit_context",
     "judged_after",
     "reserve_for",
+    "worth_starting",
 ]
 
 MIN_ATTEMPT_S = 0.005
@@ -64,6 +66,9 @@ STUCK_FACTOR = 3.0
 """An attempt slower than its model's median times this is cut when it can be retried elsewhere."""
 FALLBACK_STUCK_FACTOR = 5.0
 """An attempt slower than its model's median times this is cut when a fallback model waits."""
+MIN_USEFUL_ATTEMPT_S = 0.05
+"""With a fallback to come, an attempt of a model whose latency is unknown is not started with
+less than this before its cut: no model answers in a few milliseconds."""
 MIN_STUCK_S = 0.25
 """... but never before this many seconds (medians of tiny answers are noisy)."""
 
@@ -173,6 +178,21 @@ def attempt_end(
     if attempt_timeout_s is not None:
         end = min(end, now + attempt_timeout_s)
     return max(min(end, deadline), min(now + MIN_ATTEMPT_S, deadline))
+
+
+def worth_starting(span_s: float, own_p50_s: float | None, *, fallback_next: bool) -> bool:
+    """Whether an attempt cut ``span_s`` after its start is worth sending at all.
+
+    With a fallback to come, an attempt that cannot answer in its span — shorter than the
+    model's median for the request, or than :data:`MIN_USEFUL_ATTEMPT_S` when that is unknown
+    — is skipped: sent, it would only load the endpoint (on a shared machine, the CPU the
+    fallback needs) and, while nothing is known of the model, count as a timeout against a
+    healthy endpoint's breaker (issue 14: 5 ms attempts when the fallback's reserve took the
+    whole step). The last candidate is always tried.
+    """
+    if not fallback_next:
+        return True
+    return span_s >= (MIN_USEFUL_ATTEMPT_S if own_p50_s is None else own_p50_s)
 
 
 def judged_after(own_p90_s: float | None) -> float:
