@@ -167,6 +167,15 @@ class Engine(abc.ABC):
     async def start(self) -> None:
         """Load the model. Idempotent."""
 
+    async def start_beside(self) -> None:
+        """Load the model while another engine in this process keeps serving (a hot reload).
+
+        The default is :meth:`start`; an engine whose loading competes with the serving engine
+        for the same CPU cores loads at a lower CPU priority instead, so the requests being served
+        meanwhile are slowed as little as possible.
+        """
+        await self.start()
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Free the model and its memory."""
