@@ -1,21 +1,31 @@
-"""Hot reload under load: latency before and after, failures, readiness.
+"""Hot reload under load: latency before and after, failures, readiness; episodes and a control.
 
-    .venv/bin/python bench/reload.py [--clients 4] [--seconds 20] [--max-tokens 8]
+    .venv/bin/python bench/reload.py [--clients 4] [--seconds 20] [--episodes 3] [--sham]
     python bench/reload.py --engine torch --random-model     # a GPU host (or slowly, the CPU)
 
 Starts a real worker (``--served-model-name v1 --admin-token ...``), runs ``--clients`` threads
 each sending chat requests back to back with the official ``openai`` client, polls
-``/health/ready`` every 50 ms, and half-way through posts ``/admin/reload`` to a copy of the model
-(local engine: a copy of the GGUF under another file name; torch engine: a copy of a random-weights
-Llama's HF folder, built here as in ``bench/gpu_oom.py``) served as ``v2``. Prints p50/p99 of the
-requests that ended before the reload was asked for and of those that started after it answered,
-the requests answered during the reload, the failures, the readiness answers that were not 200,
-and the reload's own timing. Figures are what this machine did in this run.
+``/health/ready`` every 50 ms, and after ``--warmup`` seconds runs ``--episodes`` episodes of
+``--seconds`` each with a reload in the middle: ``/admin/reload`` to a copy of the model (local
+engine: a copy of the GGUF under another file name; torch engine: a copy of a random-weights
+Llama's HF folder, built here as in ``bench/gpu_oom.py``), then the original again, and so on,
+served as ``v2``, ``v3``, ... With ``--sham`` every reload episode is preceded by a control
+episode of the same length with no reload: its "p99 change" is what two adjacent windows differ
+by on this machine with nothing happening, the noise floor the reload's change is read against.
+
+The two windows of an episode are comparable: the "before" window holds the requests that started
+in the half-episode before the reload was asked for and ended before it, the "after" window those
+that started after the reload answered and ended within the same length of time; then both are cut
+to the same number of requests (the last ones before, the first ones after). Printed per episode:
+n, p50, p99 and the p99 change; at the end the median of the episodes' p99 changes, the p99 of all
+reload episodes' windows pooled, the failures, the readiness answers that were not 200, which model
+answered after each swap and the reloads' own timing. Figures are what this machine did in this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
@@ -79,6 +89,11 @@ def poll_ready(base: str, seen: Seen) -> None:
             time.sleep(0.05)
 
 
+def p99(latencies: list[float]) -> float:
+    """The 99th percentile (inclusive method: with few samples, close to the largest)."""
+    return statistics.quantiles(latencies, n=100, method="inclusive")[98]
+
+
 def quantiles(latencies: list[float]) -> str:
     """``n=…, p50=… ms, p99=… ms``."""
     if len(latencies) < 2:
@@ -87,11 +102,124 @@ def quantiles(latencies: list[float]) -> str:
     return f"n={len(latencies)}, p50={cuts[49] * 1000:.0f} ms, p99={cuts[98] * 1000:.0f} ms"
 
 
+@dataclass
+class Episode:
+    """One window pair: the half before the reload was asked for, the half after it answered."""
+
+    kind: str
+    """``reload`` or ``sham`` (the same timing with no reload: the control)."""
+    opened: float
+    asked: float
+    swapped: float = 0.0
+    closed: float = 0.0
+    name: str = ""
+    """The served name the reload asked for (empty for a sham)."""
+    status: int = 0
+    answer: str = ""
+
+    def windows(self, seen: Seen) -> tuple[list[float], list[float], set[str]]:
+        """Latencies before and after, cut to the same count; the models that answered after."""
+        before = sorted(
+            (a for a in seen.answers if a[0] >= self.opened and a[1] < self.asked),
+            key=lambda a: a[0],
+        )
+        after = sorted(
+            (a for a in seen.answers if a[0] > self.swapped and a[1] < self.closed),
+            key=lambda a: a[0],
+        )
+        count = min(len(before), len(after))
+        kept_before = before[len(before) - count :]
+        kept_after = after[:count]
+        return (
+            [end - start for start, end, _ in kept_before],
+            [end - start for start, end, _ in kept_after],
+            {model for _, _, model in after},
+        )
+
+
+def change(before: list[float], after: list[float]) -> float | None:
+    """The p99 change after/before in percent (None with fewer than 2 requests a side)."""
+    if len(before) < 2 or len(after) < 2:
+        return None
+    return 100 * (p99(after) / p99(before) - 1)
+
+
+def run_episode(base: str, kind: str, half: float, model: str, name: str) -> Episode:
+    """``half`` seconds of load, a reload (``kind == "reload"``) or nothing, ``half`` more."""
+    episode = Episode(kind, opened=time.monotonic(), asked=0.0, name=name)
+    time.sleep(half)
+    episode.asked = time.monotonic()
+    if kind == "reload":
+        answer = httpx.post(
+            f"{base}/admin/reload",
+            json={"model": model, "served_model_name": name},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=300,
+        )
+        episode.status, episode.answer = answer.status_code, answer.text
+    episode.swapped = time.monotonic()
+    time.sleep(half)
+    episode.closed = time.monotonic()
+    return episode
+
+
+def report(episodes: list[Episode], seen: Seen) -> bool:
+    """Print every episode and the summary; True when every reload answered 200 and every
+    request after it was answered by the new model."""
+    ok = True
+    changes: dict[str, list[float]] = {"reload": [], "sham": []}
+    pooled: list[list[float]] = [[], []]
+    for number, episode in enumerate(episodes, 1):
+        before, after, models = episode.windows(seen)
+        moved = change(before, after)
+        line = f"episode {number} ({episode.kind}): before {quantiles(before)}; after {quantiles(after)}"
+        if moved is not None:
+            changes[episode.kind].append(moved)
+            line += f"; p99 {moved:+.1f} %"
+        print(line)
+        if episode.kind == "reload":
+            pooled[0] += before
+            pooled[1] += after
+            during = [a for a in seen.answers if a[1] >= episode.asked and a[0] <= episode.swapped]
+            print(
+                f"  reload to {episode.name}: HTTP {episode.status} in "
+                f"{episode.swapped - episode.asked:.2f} s: {_short(episode.answer)}; "
+                f"{len(during)} request(s) across it; answered after by {', '.join(sorted(models))}"
+            )
+            ok = ok and episode.status == 200 and models == {episode.name}
+    for kind, label in (("reload", "reload episodes"), ("sham", "control (no reload)")):
+        if changes[kind]:
+            listed = ", ".join(f"{c:+.1f}" for c in changes[kind])
+            print(
+                f"{label}: median p99 change {statistics.median(changes[kind]):+.1f} % "
+                f"(episodes: {listed})"
+            )
+    if len(pooled[0]) > 1:
+        print(
+            f"reload episodes pooled: before {quantiles(pooled[0])}; after {quantiles(pooled[1])}"
+            f"; p99 {change(pooled[0], pooled[1]) or 0.0:+.1f} %"
+        )
+    return ok
+
+
+def _short(text: str) -> str:
+    """The reload answer's timing fields, or the text as it came."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:200]
+    keys = ("load_seconds", "seconds", "draining")
+    return " ".join(f"{k}={body[k]}" for k in keys if k in body) or text[:200]
+
+
 def main() -> int:
-    """Run the benchmark; exit 1 when a request failed or readiness dropped."""
+    """Run the benchmark; exit 1 when a request failed, readiness dropped or a reload failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of one episode")
+    parser.add_argument("--episodes", type=int, default=3, help="episodes with a reload")
+    parser.add_argument("--sham", action="store_true", help="a control episode before each")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load not counted")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--engine", choices=["local", "torch"], default="local")
     parser.add_argument(
@@ -103,8 +231,9 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="chainrt-reload-"))
     if args.engine == "local":
         engine = ["--engine", "local"]
+        first = resolve_model_path()
         copy = folder / "model-v2.gguf"
-        shutil.copyfile(resolve_model_path(), copy)
+        shutil.copyfile(first, copy)
     else:
         from gpu_oom import build_random_model
 
@@ -116,6 +245,7 @@ def main() -> int:
         *engine, "--served-model-name", "v1", "--admin-token", TOKEN, "--log-level", "warning",
     )  # fmt: skip
     seen = Seen()
+    episodes: list[Episode] = []
     try:
         worker.start()
         threads = [
@@ -125,16 +255,13 @@ def main() -> int:
         threads.append(threading.Thread(target=poll_ready, args=(worker.base, seen)))
         for thread in threads:
             thread.start()
-        time.sleep(args.seconds / 2)
-        asked = time.monotonic()
-        answer = httpx.post(
-            f"{worker.base}/admin/reload",
-            json={"model": str(copy), "served_model_name": "v2"},
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=300,
-        )
-        swapped = time.monotonic()
-        time.sleep(args.seconds / 2)
+        time.sleep(args.warmup)
+        half = args.seconds / 2
+        for number in range(args.episodes):
+            if args.sham:
+                episodes.append(run_episode(worker.base, "sham", half, "", ""))
+            model = str(copy if number % 2 == 0 else first)
+            episodes.append(run_episode(worker.base, "reload", half, model, f"v{number + 2}"))
         seen.stop.set()
         for thread in threads:
             thread.join(300)
@@ -142,26 +269,17 @@ def main() -> int:
         seen.stop.set()
         worker.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    before = [end - start for start, end, _ in seen.answers if end < asked]
-    after = [end - start for start, end, _ in seen.answers if start > swapped]
-    models_after = sorted({m for start, _, m in seen.answers if start > swapped})
-    during = [a for a in seen.answers if not (a[1] < asked or a[0] > swapped)]
     print(
         f"engine={args.engine} clients={args.clients} seconds={args.seconds} "
-        f"max_tokens={args.max_tokens}"
+        f"episodes={args.episodes} sham={args.sham} max_tokens={args.max_tokens} "
+        f"requests={len(seen.answers)}"
     )
-    print(f"reload: HTTP {answer.status_code} in {swapped - asked:.2f} s: {answer.text}")
-    print(f"before the reload: {quantiles(before)}")
-    print(f"after the reload:  {quantiles(after)} (answered by {', '.join(models_after)})")
-    print(f"in flight across the reload: {len(during)} answered")
+    ok = report(episodes, seen)
     print(f"failed requests: {len(seen.failures)}")
     for failure in seen.failures[:5]:
         print(f"  {failure}")
     print(f"readiness polls: {seen.ready_polls}, not ready: {seen.not_ready}")
-    if len(before) > 1 and len(after) > 1:
-        p99 = [statistics.quantiles(x, n=100, method="inclusive")[98] for x in (before, after)]
-        print(f"p99 change after/before: {100 * (p99[1] / p99[0] - 1):+.1f} %")
-    ok = answer.status_code == 200 and not seen.failures and seen.not_ready == 0
+    ok = ok and not seen.failures and seen.not_ready == 0
     return 0 if ok else 1
 
 
