@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,18 @@ def niced_threads() -> list[str]:
             continue  # ended meanwhile
         if nice != base:
             found.append(f"{name} (tid {task.name}, nice {nice})")
+    return found
+
+
+def settled_niced_threads() -> list[str]:
+    """niced_threads() once exiting threads are gone: Thread.join returns a moment before the
+    OS thread has left /proc/self/task, so a just-joined loader may still be listed. Polled for
+    up to 10 s, far beyond that moment even on a loaded machine; a thread that stays is a bug."""
+    deadline = time.monotonic() + 10
+    found = niced_threads()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.01)
+        found = niced_threads()
     return found
 
 
@@ -93,7 +106,7 @@ async def test_start_beside_loads_niced_and_serves_at_normal_priority() -> None:
         assert engine.thread_alive
         assert (await engine.generate(ask())).text == "ok"
         assert engine.job_seen == ("chainrt-recording", base)
-        assert niced_threads() == []  # the loader ended; nothing else was niced
+        assert settled_niced_threads() == []  # the loader ended; nothing else was niced
         await engine.start_beside()  # idempotent: no second load
         assert engine.load_seen[0] == "chainrt-recording-loader"
     finally:
@@ -121,12 +134,12 @@ async def test_a_failed_niced_load_raises_in_the_caller() -> None:
 
     with pytest.raises(RuntimeError, match="no such model"):
         await run_low_priority(fail, "chainrt-test-loader")
-    assert niced_threads() == []
+    assert settled_niced_threads() == []
 
 
 _FRESH_PROCESS = """
 import asyncio, json, sys
-from tests.test_engine_load_priority import ask, niced_threads
+from tests.test_engine_load_priority import ask, settled_niced_threads
 from workers.engines import LocalEngine
 
 async def main() -> list[str]:
@@ -137,7 +150,7 @@ async def main() -> list[str]:
         await engine.start_beside()
         for _ in range(2):
             assert (await engine.generate(ask())).completion_tokens >= 1
-            seen += niced_threads()
+            seen += settled_niced_threads()
     finally:
         await engine.close()
     return seen
@@ -159,3 +172,35 @@ def test_llamacpp_loaded_beside_leaves_no_thread_niced() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.slow
+async def test_a_reloaded_local_engine_is_warmed_with_the_serving_engines_last_prompt() -> None:
+    """warm_like: the new engine's prompt cache holds what the old one's holds, so the first
+    request after the swap reuses the prefix as it would have on the old engine."""
+    from workers.engines import LocalEngine
+
+    asked = GenerationRequest(
+        messages=[
+            ChatMessage("system", "You answer with one word, lower case, no punctuation."),
+            ChatMessage("user", "Name a color."),
+        ],
+        max_tokens=3,
+        temperature=0.0,
+    )
+    old, new = LocalEngine(), LocalEngine()
+    try:
+        await old.generate(asked)
+        await new.start_beside()
+        await new.generate(ask())  # the reload's readiness probe: another prompt in the cache
+        await new.warm_like(old)
+        model = new._model
+        assert model is not None
+        prompt = model.prompt_tokens(asked)
+        assert list(model._llm._input_ids) == prompt[:-1]  # all but the last, as _prefill keeps
+        assert (await new.generate(asked)).text == (await old.generate(asked)).text
+        await new.warm_like(new)  # an engine that served nothing else: the same prompt again
+        await LocalEngine().warm_like(new)  # a fresh, unloaded engine loads and warms
+    finally:
+        await old.close()
+        await new.close()

@@ -176,6 +176,14 @@ class Engine(abc.ABC):
         """
         await self.start()
 
+    async def warm_like(self, serving: Engine) -> None:
+        """Before a hot reload's swap: bring this engine's caches to where ``serving``'s are.
+
+        Without it the first requests after the swap meet a cold cache the old engine did not
+        have (a prompt prefix evaluated again). Best effort; the default does nothing.
+        """
+        del serving  # nothing to carry over by default
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Free the model and its memory."""

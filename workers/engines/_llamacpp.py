@@ -19,7 +19,7 @@ from pathlib import Path
 
 from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
-from ._base import GenerationRequest, MemoryStats, StreamDelta
+from ._base import Engine, GenerationRequest, MemoryStats, StreamDelta
 from ._bridge import EngineJob
 from ._llamacpp_model import LlamaModel, json_grammar, resolve_model_path
 from ._threaded import ThreadedEngine
@@ -52,6 +52,8 @@ class LocalEngine(ThreadedEngine):
         self._seed = seed
         self._repeat_penalty = repeat_penalty
         self._model: LlamaModel | None = None
+        self._last_request: GenerationRequest | None = None
+        """The last generation run (its prompt's prefix is what the KV cache holds)."""
 
     @property
     def model_path(self) -> Path | None:
@@ -106,6 +108,17 @@ class LocalEngine(ThreadedEngine):
         # Ahead of every queued request, so they all start from a clean cache.
         await self.submit_and_wait("reset")
 
+    async def warm_like(self, serving: Engine) -> None:
+        """Evaluate the prompt of the serving engine's last request (prefill only, no token), so
+        this engine's prompt cache holds the same prefix: the first requests after a reload's swap
+        reuse it as they did on the old engine (e.g. a shared system prompt). Tokenized by this
+        engine's own model, so a model with another vocabulary is warmed correctly too."""
+        last = serving._last_request if isinstance(serving, LocalEngine) else None
+        if last is None or (last.messages is None and last.prompt is None):
+            return
+        await self.start()
+        await self.submit_and_wait("warm", last)
+
     def _ensure_model(self) -> LlamaModel:
         self.ensure_loaded()
         model = self._model
@@ -147,6 +160,14 @@ class LocalEngine(ThreadedEngine):
             model.clear_cache()
             return StreamDelta("")
         assert job.request is not None
+        if job.kind == "warm":
+            try:
+                model.prefill(job.request)
+            except (WorkerError, RuntimeError, MemoryError) as exc:
+                model.clear_cache()
+                return WorkerError(f"warming the prompt cache failed: {exc}")
+            return StreamDelta("")
+        self._last_request = job.request
         try:
             result = model.generate(job.request, job.sink, job.cancelled.is_set, self.faults)
         except EngineDead as exc:

@@ -241,6 +241,10 @@ class LlamaModel:
             decode_ms=round((time.perf_counter() - (marks[0] if marks else started)) * 1000, 3),
         )
 
+    def prefill(self, request: GenerationRequest) -> None:
+        """Evaluate the request's prompt into the cache, generating nothing (a warm-up)."""
+        self._prefill(self.prompt_tokens(request), lambda: None)
+
     def _prefill(self, tokens: list[int], interrupted: Interrupted) -> FinishReason | None:
         """Evaluate all but the last prompt token in chunks, reusing the cached common prefix.
 

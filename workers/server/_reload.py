@@ -212,6 +212,10 @@ class ReloadManager:
                 f"the new model loaded but its readiness generation failed ({probe.error}); "
                 "the old model keeps serving",
             )
+        try:  # the old engine's prompt cache, carried over: no cold first requests after swap
+            await engine.warm_like(old.engine)
+        except Exception as exc:  # best effort: a cold cache is slower, not wrong
+            log.warning("reload: warming the new engine failed (%s); swapping anyway", exc)
         new = ServedEngine(engine, names, model)
         self._engines.swap(new)
         self._health.use_engine(engine, probe)
