@@ -167,15 +167,6 @@ class Engine(abc.ABC):
     async def start(self) -> None:
         """Load the model. Idempotent."""
 
-    async def start_beside(self) -> None:
-        """Load the model while another engine in this process keeps serving (a hot reload).
-
-        The default is :meth:`start`; an engine whose loading competes with the serving engine
-        for the same CPU cores loads at a lower CPU priority instead, so the requests being served
-        meanwhile are slowed as little as possible.
-        """
-        await self.start()
-
     async def warm_like(self, serving: Engine) -> None:
         """Before a hot reload's swap: bring this engine's caches to where ``serving``'s are.
 

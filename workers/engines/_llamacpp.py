@@ -12,8 +12,6 @@ token instead of burning CPU.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import os
 from pathlib import Path
 
@@ -32,7 +30,6 @@ class LocalEngine(ThreadedEngine):
 
     name = "local"
     thread_name = "chainrt-llamacpp"
-    low_priority_load = True  # loading maps the GGUF and sizes the context; it starts no thread
 
     def __init__(
         self,
@@ -81,15 +78,6 @@ class LocalEngine(ThreadedEngine):
             seed=self._seed,
             repeat_penalty=self._repeat_penalty,
         )
-
-    def prepare_load(self) -> None:
-        """Import llama-cpp-python at normal priority, before a niced load.
-
-        Its import brings numpy, whose OpenBLAS starts its worker threads right then; started by
-        the niced loader they would stay at the lowest priority for the life of the process.
-        """
-        with contextlib.suppress(ImportError):  # LlamaModel says what to install
-            importlib.import_module("llama_cpp.llama_chat_format")
 
     def unload_model(self) -> None:
         """Drop the model.

@@ -17,11 +17,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import itertools
-import os
 import queue
-import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from chainrt.errors import EngineDead, WorkerError
@@ -29,65 +27,12 @@ from chainrt.errors import EngineDead, WorkerError
 from ._base import Engine, GenerationRequest, GenerationResult, StreamDelta
 from ._bridge import EngineJob, stream_job
 
-__all__ = ["LOWEST_NICE", "ThreadedEngine", "lower_thread_priority"]
+__all__ = ["ThreadedEngine"]
 
 _STOP_PRIORITY = -2
 """The stop job overtakes everything queued."""
 HOUSEKEEPING_PRIORITY = -1
 """Resets and probes run ahead of every queued request."""
-LOWEST_NICE = 19
-"""The niceness of a thread that loads a model beside a serving one (Linux: 19 is the lowest)."""
-
-
-def lower_thread_priority() -> bool:
-    """Give the calling thread, and only it, the lowest CPU priority; False where not possible.
-
-    On Linux a niceness set on a thread id applies to that thread alone, and threads it starts
-    inherit it. An unprivileged thread cannot raise its priority again (that needs
-    ``CAP_SYS_NICE``), so call this only on a thread that ends when its low-priority work does.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_NICE)
-    except OSError:
-        return False
-    return True
-
-
-async def run_low_priority(work: Callable[[], None], name: str) -> None:
-    """Run ``work`` on a new thread at the lowest CPU priority; returns or raises as it does.
-
-    A thread of its own, never an executor's: a pooled thread would stay niced for later work.
-    It has ended when this returns or raises (unless the caller was cancelled first).
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if done.done():
-            return
-        if error is None:
-            done.set_result(None)
-        else:
-            done.set_exception(error)
-
-    def body() -> None:
-        lower_thread_priority()
-        try:
-            work()
-        except BaseException as exc:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, exc)
-        else:
-            loop.call_soon_threadsafe(settle, None)
-
-    thread = threading.Thread(target=body, name=name, daemon=True)
-    thread.start()
-    try:
-        await done
-    finally:
-        if done.done():  # it has settled: the thread is ending; none stays niced after this
-            await asyncio.to_thread(thread.join)
 
 
 class ThreadedEngine(Engine):
@@ -95,12 +40,6 @@ class ThreadedEngine(Engine):
 
     thread_name = "chainrt-engine"
     """Name of the model thread (shows in thread dumps and profilers)."""
-    low_priority_load = False
-    """:meth:`start_beside` loads the model on a thread at the lowest CPU priority.
-
-    Only for an engine whose loading leaves no thread of its own behind (a thread started by the
-    niced loader would keep its niceness); the model thread is always started at normal priority.
-    """
 
     def __init__(self) -> None:
         self._load_lock = threading.Lock()
@@ -122,14 +61,6 @@ class ThreadedEngine(Engine):
     def load_model(self) -> None:
         """Load the model (blocking; called under the load lock, before the thread starts)."""
 
-    def prepare_load(self) -> None:
-        """Work before a niced load that must run at normal priority (default: nothing).
-
-        Called on a normal-priority thread by :meth:`start_beside`; e.g. importing a library that
-        starts long-lived threads at import (numpy's OpenBLAS does), which would inherit the
-        loader's niceness for good.
-        """
-
     @abc.abstractmethod
     def unload_model(self) -> None:
         """Drop the model and free its memory (blocking; the thread has stopped)."""
@@ -149,20 +80,6 @@ class ThreadedEngine(Engine):
         if not self.loaded:
             await asyncio.to_thread(self.ensure_loaded)
 
-    async def start_beside(self) -> None:
-        """Load beside a serving engine: at the lowest CPU priority if ``low_priority_load``.
-
-        Only the loading runs niced, on a thread that ends with it; the model thread that then
-        serves is started at normal priority.
-        """
-        if not self.low_priority_load:
-            await self.start()
-            return
-        if not self.loaded:
-            await asyncio.to_thread(self.prepare_load)
-            await run_low_priority(self._load_model_only, f"{self.thread_name}-loader")
-        await asyncio.to_thread(self.ensure_loaded)  # starts the model thread, not niced
-
     async def close(self) -> None:
         """Stop the model thread (pending requests fail with WorkerError) and free the model."""
         await asyncio.to_thread(self._shutdown)
@@ -173,18 +90,10 @@ class ThreadedEngine(Engine):
             if not self.loaded:
                 self.load_model()
                 self._dead = None
-            if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._serve, name=self.thread_name, daemon=True
                 )
                 self._thread.start()
-
-    def _load_model_only(self) -> None:
-        """Load the model without starting its thread (the niced loader of start_beside)."""
-        with self._load_lock:
-            if not self.loaded:
-                self.load_model()
-                self._dead = None
 
     @property
     def thread_alive(self) -> bool:

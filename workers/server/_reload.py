@@ -191,7 +191,7 @@ class ReloadManager:
         engine = self._new_engine(model, names[0])
         log.info("reload: loading %s as %s beside the serving engine", model or "default", names)
         try:
-            await engine.start_beside()  # niced where loading competes for the serving CPU
+            await engine.start()
         except (EngineOOM, MemoryError) as exc:
             await self._discard(engine, "oom")
             raise ReloadError(
