@@ -65,8 +65,9 @@ def test_timeouts_raise_a_stale_baseline_and_quick_cuts_do_not() -> None:
         (0.005, None, True, False),  # the reserve took the step: 5 ms cannot answer
         (0.005, None, False, True),  # the last candidate is always tried
         (MIN_USEFUL_ATTEMPT_S, None, True, True),
-        (0.3, 0.4, True, False),  # shorter than its median: it would only time out
-        (0.4, 0.4, True, True),
+        (0.15, 0.4, True, False),  # under half its median: it would only time out
+        (0.2, 0.4, True, True),  # half its median: it may still answer
+        (0.3, 0.4, True, True),
         (0.3, 0.4, False, True),
     ],
 )
@@ -74,3 +75,13 @@ def test_worth_starting(
     span: float, own_p50: float | None, fallback_next: bool, expected: bool
 ) -> None:
     assert worth_starting(span, own_p50, fallback_next=fallback_next) is expected
+
+
+def test_censored_sample_counts_the_queue_apart() -> None:
+    # 0.66 s behind two attempts in flight: its own share is at least 0.22 s, over its usual.
+    got = censored_sample([QUICK], 0.66, 20, 16, ahead=2)
+    assert got is not None
+    assert got.seconds == pytest.approx(0.22)
+    assert (got.prompt_tokens, got.completion_tokens) == (20, 16)
+    # 0.3 s behind two: 0.1 s of its own, quicker than usual: no news.
+    assert censored_sample([QUICK], 0.3, 20, 16, ahead=2) is None

@@ -196,6 +196,8 @@ class _ModelTry:
         self.decision: Retry | MoveOn | None = None
         self.paired = False
         """The current attempt was a hedged pair (both already in the attempt log)."""
+        self.ahead = 0
+        """Attempts in flight on this model when the current one started (its queue)."""
 
     async def run(self) -> LlmAnswer | None:
         retrying = AsyncRetrying(
@@ -305,7 +307,8 @@ class _ModelTry:
     ) -> BackendAnswer:
         """One attempt on the backend, bounded by its end, its answer checked."""
         in_flight = self.d._in_flight
-        in_flight[self.model] = in_flight.get(self.model, 0) + 1
+        self.ahead = in_flight.get(self.model, 0)
+        in_flight[self.model] = self.ahead + 1
         try:
             got = await bounded(
                 self.backend.complete(
@@ -370,6 +373,7 @@ class _ModelTry:
             time.monotonic(),
             prompt_tokens=estimate_prompt_tokens(self.call.messages),
             max_tokens=self.max_tokens,
+            ahead=self.ahead,
         )
 
     def _log(

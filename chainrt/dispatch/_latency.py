@@ -106,16 +106,24 @@ def expected_seconds(
 
 
 def censored_sample(
-    samples: Sequence[Sample], seconds: float, prompt_tokens: int, max_tokens: int
+    samples: Sequence[Sample],
+    seconds: float,
+    prompt_tokens: int,
+    max_tokens: int,
+    ahead: int = 0,
 ) -> Sample | None:
     """The sample a timed-out attempt adds to ``samples``, or None when it tells nothing new.
 
-    The attempt ran ``seconds`` without finishing a request of at most ``max_tokens``: its rate
-    is at least ``seconds / work_units(prompt_tokens, max_tokens)``. That lower bound is
+    The attempt ran ``seconds`` without finishing a request of at most ``max_tokens``, behind
+    ``ahead`` attempts already in flight on the same model (one generation at a time): its own
+    share is at least ``seconds / (1 + ahead)`` (the queue is counted apart, by the reserve's
+    ``in_flight``), so its rate is at least that over ``work_units(prompt_tokens, max_tokens)``.
+    That lower bound is
     recorded (as an answer of ``max_tokens``) only when it is not quicker than the median rate of
     ``samples`` (or there are none): an attempt cut before the model's usual time says nothing
     about the model, one cut after it says the model has slowed down.
     """
+    seconds /= 1 + max(ahead, 0)
     if seconds <= 0:
         return None
     sample = Sample(seconds, prompt_tokens, max(max_tokens, 0))
@@ -172,7 +180,14 @@ class LatencyTracker:
         window.samples.append((now, Sample(seconds, prompt_tokens, completion_tokens)))
 
     def record_timeout(
-        self, key: str, seconds: float, now: float, *, prompt_tokens: int, max_tokens: int
+        self,
+        key: str,
+        seconds: float,
+        now: float,
+        *,
+        prompt_tokens: int,
+        max_tokens: int,
+        ahead: int = 0,
     ) -> bool:
         """Remember that an attempt of ``key`` ran ``seconds`` without answering a request of
         ``max_tokens`` (see :func:`censored_sample`); True when it was recorded.
@@ -183,7 +198,7 @@ class LatencyTracker:
         known = self._young(key, now)
         if len(known) < self.min_samples:
             known += self._baselines.get(key, ())
-        sample = censored_sample(known, seconds, prompt_tokens, max_tokens)
+        sample = censored_sample(known, seconds, prompt_tokens, max_tokens, ahead)
         if sample is None:
             return False
         self.record(

@@ -36,6 +36,7 @@ __all__ = [
     "RESERVE_FACTOR",
     "STUCK_FACTOR",
     "UNKNOWN_RESERVE_SHARE",
+    "USEFUL_SHARE_OF_P50",
     "ContextFit",
     "Failure",
     "MoveOn",
@@ -69,6 +70,10 @@ FALLBACK_STUCK_FACTOR = 5.0
 MIN_USEFUL_ATTEMPT_S = 0.05
 """With a fallback to come, an attempt of a model whose latency is unknown is not started with
 less than this before its cut: no model answers in a few milliseconds."""
+USEFUL_SHARE_OF_P50 = 0.5
+"""... nor with less than this share of its median for the request (a span just under the
+median still answers often: skipping at the median itself sent every step to a loaded fallback
+in ``bench/fallback.py --scenario hung --load-cores 2``)."""
 MIN_STUCK_S = 0.25
 """... but never before this many seconds (medians of tiny answers are noisy)."""
 
@@ -183,16 +188,16 @@ def attempt_end(
 def worth_starting(span_s: float, own_p50_s: float | None, *, fallback_next: bool) -> bool:
     """Whether an attempt cut ``span_s`` after its start is worth sending at all.
 
-    With a fallback to come, an attempt that cannot answer in its span — shorter than the
-    model's median for the request, or than :data:`MIN_USEFUL_ATTEMPT_S` when that is unknown
-    — is skipped: sent, it would only load the endpoint (on a shared machine, the CPU the
+    With a fallback to come, an attempt that can hardly answer in its span — shorter than
+    :data:`USEFUL_SHARE_OF_P50` of the model's median for the request, or than
+    :data:`MIN_USEFUL_ATTEMPT_S` — is skipped: sent, it would only load the endpoint (on a shared machine, the CPU the
     fallback needs) and, while nothing is known of the model, count as a timeout against a
     healthy endpoint's breaker (issue 14: 5 ms attempts when the fallback's reserve took the
     whole step). The last candidate is always tried.
     """
     if not fallback_next:
         return True
-    return span_s >= (MIN_USEFUL_ATTEMPT_S if own_p50_s is None else own_p50_s)
+    return span_s >= max(MIN_USEFUL_ATTEMPT_S, (own_p50_s or 0.0) * USEFUL_SHARE_OF_P50)
 
 
 def judged_after(own_p90_s: float | None) -> float:
