@@ -195,6 +195,7 @@ class RedisConnection:
 
     async def _call(self, fn: Callable[[], Awaitable[_T]], *, key: str = "") -> _T:
         """Run ``fn``; retry transient errors until ``retry_for_s`` passes; map the errors."""
+        down: rx.ClusterDownError | None = None  # a CLUSTERDOWN met on the way, to name it
         try:
             try:
                 if self.cluster is None:
@@ -203,6 +204,8 @@ class RedisConnection:
             except _AUTH:
                 raise
             except _RETRIED as exc:
+                if isinstance(exc, rx.ClusterDownError):
+                    down = exc
                 if self.retry_for_s <= 0 or not _is_transient(exc):
                     raise
             # The slow path: only entered after a failure, so the fast path pays nothing.
@@ -214,9 +217,13 @@ class RedisConnection:
             )
             async for attempt in retrying:
                 with attempt:
-                    if self.cluster is None:
-                        await self._connect()
-                    return await fn()
+                    try:
+                        if self.cluster is None:
+                            await self._connect()
+                        return await fn()
+                    except rx.ClusterDownError as exc:
+                        down = exc
+                        raise
             raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
         except _AUTH as exc:
             raise StoreUnavailable(
@@ -225,14 +232,14 @@ class RedisConnection:
                 retryable=False,
             ) from None
         except _TRANSIENT as exc:
-            raise self._unavailable(exc) from None
+            raise self._unavailable(exc, down) from None
         except AttributeError as exc:
             if not _raised_in_redis_py(exc):
                 raise
-            raise self._unavailable(exc) from None
+            raise self._unavailable(exc, down) from None
         except rx.RedisClusterException as exc:
             if is_cluster_transient(exc):
-                raise self._unavailable(exc) from None
+                raise self._unavailable(exc, down) from None
             raise CheckpointError(
                 f"the Redis Cluster store {self.url} refused a command: {one_line(exc)}"
             ) from None
@@ -249,8 +256,22 @@ class RedisConnection:
             )
         return CheckpointError(f"the Redis store {self.url} refused a command: {one_line(exc)}")
 
-    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+    def _unavailable(
+        self, exc: BaseException, down: rx.ClusterDownError | None = None
+    ) -> StoreUnavailable:
+        """The one line of a store that stayed unreachable; ``down``: a CLUSTERDOWN met during
+        the retries (the last error may be another, e.g. the lost master's refused connection)."""
         what = "Redis Cluster" if self.cluster else "Redis"
+        if down is not None or isinstance(exc, rx.ClusterDownError):
+            # The nodes answer, but refuse every command: some hash slots have no master (a
+            # master and its replicas lost, or a failover not yet done). Say it in Redis's word.
+            last = "" if exc is down or down is None else f"; last error: {one_line(exc)}"
+            return StoreUnavailable(
+                f"the Redis Cluster store {self.url} is down (CLUSTERDOWN: "
+                f"{one_line(down or exc)}: some hash slots have no master{last}); gave up after "
+                f"{self.retry_for_s:g}s of retries. Check that every master, or a replica of "
+                "it, is up, then try again"
+            )
         return StoreUnavailable(
             f"the {what} store {self.url} is unreachable ({one_line(exc)}); gave up after "
             f"{self.retry_for_s:g}s of retries. Check that {what} is up, then try again"
