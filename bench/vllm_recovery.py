@@ -59,6 +59,9 @@ import psutil  # noqa: E402
 from _workers import BenchWorker  # noqa: E402
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
+_NEVER_DOWN_S = 2.0
+"""Readiness still up this long after the first answer past a death: it never dropped."""
+
 
 @dataclass
 class Seen:
@@ -254,20 +257,29 @@ def episode(
             down = [t for t, up in seen.ready if t > died and not up]
             if down:
                 back = next((t for t, up in seen.ready if t > down[0] and up), None)
+            elif first is not None and time.monotonic() - first > _NEVER_DOWN_S:
+                back = died  # readiness never dropped: no request failed on the death
         if first is not None and back is not None:
             break
     if first is None or back is None:
         raise RuntimeError(f"no recovery within {timeout_s}s")
-    fails = [f for f in seen.failed if died <= f[0] <= back]
+    until = max(back, first)
+    fails = [f for f in seen.failed if died <= f[0] <= until]
     statuses = sorted({f"{status}(Retry-After {wait})" for _, status, wait, _ in fails})
     served = sum(1 for _, end in seen.ok if died < end < back)
+    across = [end for start, end in seen.ok if start < died < end]  # in flight at the death
     late = [f for f in fails if f[3] > died]  # sent after the death: arrived during recovery
+    # The first failure is when the worker noticed the death (its in-flight requests fail then).
+    detected = min((f[0] for f in fails), default=float("nan"))
     return {
+        "detect_s": detected - died,
         "first_answer_s": first - died,
         "ready_s": back - died,
         "failed": len(fails),
         "failed_late": len(late),
         "served": served,
+        "across": len(across),
+        "first_any_s": min([first, *across]) - died,
         "statuses": ", ".join(statuses) or "-",
         "old_core": "alive (injected OOM)" if fault == "oom" else leftovers.summary(died),
         "note": note,
@@ -279,6 +291,7 @@ def breakdown(log: str) -> list[str]:
     wanted = re.compile(
         r"vLLM rebuild:|Model loading took|init engine \(|recovered from|swapped to the standby"
         r"|standby engine core ready|can't allocate memory|OutOfMemoryError|MemoryError"
+        r"|readiness generation"
     )
     return [line.strip()[-160:] for line in log.splitlines() if wanted.search(line)]
 
@@ -331,7 +344,16 @@ def main() -> int:
                 f"episode {number}: death -> first answer {result['first_answer_s']:.2f} s, "
                 f"-> ready {result['ready_s']:.2f} s; failed {result['failed']} "
                 f"({result['failed_late']} sent after the death) "
-                f"[{result['statuses']}]; served during recovery {result['served']}",
+                f"[{result['statuses']}]; served during recovery {result['served']}; "
+                f"in flight at the death and answered {result['across']} (first answer of any "
+                f"request {float(result['first_any_s']):.2f} s)",
+                flush=True,
+            )
+            print(
+                f"  where it went: death -> first failure (noticed) {result['detect_s']:.2f} s, "
+                f"-> ready {float(result['ready_s']) - float(result['detect_s']):.2f} s more, "
+                f"-> first answer {float(result['first_answer_s']) - float(result['ready_s']):.2f}"
+                " s more",
                 flush=True,
             )
             print(f"  old core's processes: {result['old_core']}", flush=True)
