@@ -121,7 +121,10 @@ def test_killed_core_swaps_to_standby_and_requests_after_death_are_served(
     rebuilt = wait_standby_ready(worker)
     assert rebuilt["standby"]["core_pid"] not in (before["core_pid"], before["standby"]["core_pid"])
     assert rebuilt["standby"]["builds"] == before["standby"]["builds"] + 1
-    assert worker.metric("chainrt_worker_recoveries_total", cause="engine_dead") >= 1
+    # The death was handled: by the worker's recovery (a request failed on it) or, when every
+    # request in flight was replayed on the standby core, by the engine alone.
+    recoveries = worker.metric("chainrt_worker_recoveries_total", cause="engine_dead")
+    assert recoveries >= 1 or after["replays"] >= 1, (recoveries, after)
     assert not psutil.pid_exists(before["core_pid"]) or (
         psutil.Process(before["core_pid"]).status() == psutil.STATUS_ZOMBIE
     )

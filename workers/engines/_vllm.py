@@ -32,21 +32,17 @@ from typing import Any
 
 from chainrt.errors import EngineDead, WorkerError
 
-from ._base import (
-    Engine,
-    GenerationRequest,
-    GenerationResult,
-    MemoryStats,
-    StreamDelta,
-)
+from ._base import Engine, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
 from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
 from ._vllm_core import CoreConfig, kv_memory, probe_llm
 from ._vllm_standby import StandbyCore
 from ._vllm_support import (
     DTYPE_BYTES,
     Collected,
+    CoreKilled,
     KvUsage,
     core_pid,
+    core_signal,
     import_vllm,
     raise_native_oom,
     sampling_params,
@@ -54,7 +50,7 @@ from ._vllm_support import (
     translate_error,
 )
 
-__all__ = ["VllmEngine"]
+__all__ = ["CoreKilled", "VllmEngine"]
 
 _log = logging.getLogger(__name__)
 
@@ -116,7 +112,6 @@ class VllmEngine(Engine):
         self._kv = KvUsage()
         self._lifecycle: asyncio.Lock | None = None
         self._aborts: set[asyncio.Task[None]] = set()
-        self._retired: set[asyncio.Task[None]] = set()
         self._standby = StandbyCore(self._new_llm, self._probe) if standby else None
         self.swap_seconds: float | None = None
         """How long the last swap to the standby core took (death noticed -> serving again)."""
@@ -126,6 +121,8 @@ class VllmEngine(Engine):
         """How long the last (re)build of the engine took."""
         self.restarts = 0
         """How many times :meth:`recover` rebuilt the engine core."""
+        self.replays = 0
+        """Requests replayed on the standby core after their core was killed (:meth:`generate`)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -146,8 +143,6 @@ class VllmEngine(Engine):
                 await shutdown_llm(llm)
             if self._standby is not None:
                 await self._standby.close()
-            if self._retired:
-                await asyncio.gather(*self._retired, return_exceptions=True)
 
     async def recover(self) -> None:
         """Make the engine serve again, in this process.
@@ -157,8 +152,15 @@ class VllmEngine(Engine):
         (the dead core is shut down in the background, the next standby starts building), else by
         a new AsyncLLM built now. Raises EngineDead when even the new engine cannot generate.
         """
+        await self._recover(None)
+
+    async def _recover(self, dead: Any) -> None:
+        """:meth:`recover`; with ``dead`` (a request saw that core die), nothing when another
+        request has replaced that core already."""
         async with self._lock():
             llm = self._llm
+            if dead is not None and llm is not dead and llm is not None and not llm.errored:
+                return
             if llm is not None and not llm.errored:
                 try:
                     await self._probe(llm)
@@ -194,23 +196,17 @@ class VllmEngine(Engine):
         if self._standby is None:
             return False
         began = time.monotonic()
-        spare = await self._standby.take()
-        if spare is None:
-            self._standby.refill()  # for the next death; this one is rebuilt the slow way
+        spare = await self._standby.swap(dead, _REFILL_DELAY_S)
+        del dead
+        if spare is None:  # this death is rebuilt the slow way
             return False
         self._llm, self._kv.usage = spare, 0.0
         self.swap_seconds = time.monotonic() - began
         self.restarts += 1
-        if dead is not None:  # shutting the dead core down takes ~1 s: not on the way back
-            task = asyncio.create_task(shutdown_llm(dead), name="vllm-retire-core")
-            self._retired.add(task)
-            task.add_done_callback(self._retired.discard)
-        del dead
         _log.info(
             "vLLM swapped to the standby engine core (pid %s) in %.3f s; building the next",
             core_pid(spare), self.swap_seconds,
         )  # fmt: skip
-        self._standby.refill(_REFILL_DELAY_S)
         return True
 
     def recovery_estimate_s(self) -> float | None:
@@ -228,15 +224,10 @@ class VllmEngine(Engine):
         info: dict[str, Any] = {
             "core_pid": core_pid(llm) if llm is not None else None,
             "restarts": self.restarts,
+            "replays": self.replays,
         }
         if self._standby is not None:
-            info["standby"] = {
-                "state": self._standby.state,
-                "core_pid": self._standby.pid,
-                "builds": self._standby.builds,
-                "build_seconds": self._standby.build_seconds,
-                "error": self._standby.error,
-            }
+            info["standby"] = self._standby.describe()
         return info
 
     def _lock(self) -> asyncio.Lock:
@@ -292,11 +283,35 @@ class VllmEngine(Engine):
     # -- requests --------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate the whole answer; at the deadline, the text so far (``"deadline"``)."""
+        """Generate the whole answer; at the deadline, the text so far (``"deadline"``).
+
+        Nothing reaches the caller before the result, so when the engine core is killed under
+        this request (:class:`CoreKilled`) it is replayed once on the standby core, if one is
+        ready and the deadline leaves room for the swap (:meth:`_replayable`).
+        """
+        try:
+            return await self._generate_once(request)
+        except CoreKilled as exc:
+            if not self._replayable(request):
+                raise
+            self.replays += 1
+            _log.warning("replaying request %s on the standby core: %s", request.request_id, exc)
+        return await self._generate_once(request)
+
+    async def _generate_once(self, request: GenerationRequest) -> GenerationResult:
         async for delta in self.stream(request):
             if delta.result is not None:
                 return delta.result
         raise EngineDead("the vLLM engine ended a generation without a result")  # unreachable
+
+    def _replayable(self, request: GenerationRequest) -> bool:
+        """A live core serves already (another request swapped it in) or a standby core is
+        ready, and the deadline (if any) outlasts the expected swap."""
+        llm, standby = self._llm, self._standby
+        if standby is None or (standby.state != "ready" and (llm is None or llm.errored)):
+            return False
+        left = request.seconds_left()
+        return left is None or left > (self.recovery_estimate_s() or 1.0)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         """Yield text pieces as vLLM produces them; the last delta carries the result.
@@ -306,7 +321,7 @@ class VllmEngine(Engine):
         await self.start()
         llm = self._llm
         if (llm is None or llm.errored) and self._standby is not None:
-            await self.recover()  # the standby takes over now: this request need not fail
+            await self._recover(llm)  # the standby takes over now: this request need not fail
             llm = self._llm
         if llm is None or llm.errored:
             raise EngineDead("the vLLM engine core is dead; recover() restarts it in process")
@@ -337,7 +352,11 @@ class VllmEngine(Engine):
                     raise WorkerError(f"vLLM failed request {rid}; retry it", retryable=True)
         except Exception as exc:
             dead = isinstance(exc, self._v["EngineDeadError"]) or bool(llm.errored)
-            raise translate_error(exc, f"request {rid} ({len(ids)} prompt tokens)", dead) from exc
+            error = translate_error(exc, f"request {rid} ({len(ids)} prompt tokens)", dead)
+            killed = core_signal(llm) if dead else None
+            if killed is not None:  # ended from outside: no request of its own caused it
+                error = CoreKilled(f"{error} (engine core ended by signal {killed})")
+            raise error from exc
         finally:
             if timer is not None:
                 timer.cancel()

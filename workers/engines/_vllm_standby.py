@@ -38,6 +38,7 @@ class StandbyCore:
         self._llm: Any = None
         self._pending: Any = None  # built, not yet checked
         self._task: asyncio.Task[None] | None = None
+        self._retired: set[asyncio.Task[None]] = set()  # dead cores being shut down
         self._closed = False
         self.error: str | None = None
         """Why the last build failed (None: it did not)."""
@@ -82,6 +83,35 @@ class StandbyCore:
             return None
         return llm
 
+    async def swap(self, dead: Any, refill_delay_s: float) -> Any:
+        """The standby ``AsyncLLM`` to serve from now on, in place of ``dead`` (None: there is
+        none; a new standby starts building now, for the next death).
+
+        ``dead`` is shut down in the background (~1 s: not on the way back) and the next standby
+        starts building ``refill_delay_s`` later.
+        """
+        spare = await self.take()
+        if spare is None:
+            self.refill()
+            return None
+        if dead is not None:
+            task = asyncio.create_task(shutdown_llm(dead), name="vllm-retire-core")
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+        del dead
+        self.refill(refill_delay_s)
+        return spare
+
+    def describe(self) -> dict[str, Any]:
+        """State, pid, builds, last build time and last error (for ``/health/ready``)."""
+        return {
+            "state": self.state,
+            "core_pid": self.pid,
+            "builds": self.builds,
+            "build_seconds": self.build_seconds,
+            "error": self.error,
+        }
+
     async def close(self) -> None:
         """Stop building (waits for a build under way: a thread cannot be cancelled) and shut
         the standby core down."""
@@ -91,6 +121,8 @@ class StandbyCore:
         llm, self._llm = self._llm, None
         if llm is not None:
             await shutdown_llm(llm)
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
 
     async def _fill(self, delay_s: float) -> None:
         await asyncio.sleep(delay_s)

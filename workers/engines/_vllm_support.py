@@ -24,8 +24,10 @@ from ._hf_cache import force_offline
 __all__ = [
     "DTYPE_BYTES",
     "Collected",
+    "CoreKilled",
     "KvUsage",
     "core_pid",
+    "core_signal",
     "end_leftovers",
     "finish_reason",
     "import_vllm",
@@ -76,6 +78,13 @@ def import_vllm() -> dict[str, Any]:
         "StructuredOutputsParams": StructuredOutputsParams,
         "is_cpu": bool(current_platform.is_cpu()),
     }
+
+
+class CoreKilled(EngineDead):
+    """The engine core died under a request because a signal ended it (SIGKILL, say): from
+    outside, not from anything a request made it do. A core that fails inside (an out-of-memory
+    error in the model runner, a crashed kernel) exits by itself instead, and then the request it
+    was running may be the cause: that death is a plain ``EngineDead``, never replayed."""
 
 
 class KvUsage:
@@ -137,6 +146,19 @@ def core_pid(llm: Any) -> int | None:
     processes = getattr(manager, "processes", None) or []
     pid = getattr(processes[0], "pid", None) if processes else None
     return int(pid) if pid is not None else None
+
+
+def core_signal(llm: Any) -> int | None:
+    """The signal that ended ``llm``'s engine core process; None while it runs, when it exited
+    by itself (vLLM ends a core that failed inside, e.g. out of memory, with an exit code) or
+    when vLLM does not say."""
+    manager = getattr(getattr(llm.engine_core, "resources", None), "engine_manager", None)
+    processes = getattr(manager, "processes", None) or []
+    try:
+        code = processes[0].exitcode if processes else None
+    except Exception:  # a process object vLLM closed already
+        return None
+    return -int(code) if code is not None and code < 0 else None
 
 
 def remember_processes(llm: Any) -> None:

