@@ -242,6 +242,8 @@ def _limiter_actors(url: str, stop: threading.Event, report: ReshardReport) -> N
 
     async def main() -> None:
         doors = [RedisLimiter.from_url(url, lease_ttl_s=10.0) for _ in range(2)]
+        for door in doors:
+            door.cluster_retry_s = 30.0  # the runs' store window (retry_for_s), not 10 s
         seed = 0
         try:
             while not stop.is_set():
