@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from worker_fixtures import WorkerProcess, fault_worker, free_port
+from worker_fixtures import WorkerProcess, fault_worker, free_port, metric_value
 
 import chainrt
 from chainrt.dispatch import Dispatcher, DispatchFailed, LlmCall, make_dispatcher
@@ -84,9 +84,21 @@ async def test_killed_worker_moves_traffic_to_the_other_with_no_failed_run(
                     {"q": "Say OK"}, run_id=f"run-{i}", store=store, pool=dispatcher
                 )
 
+        def answered_and_busy() -> bool:  # one /metrics read: answered twice, one inside now
+            text = victim.get("/metrics").text
+            busy = metric_value(text, "chainrt_worker_slots_in_use") + metric_value(
+                text, "chainrt_worker_queue_depth"
+            )
+            return (
+                metric_value(text, "chainrt_worker_requests_total", **REQUESTS_200) >= 2
+                and busy >= 1
+            )
+
         async def kill_when_it_has_answered() -> float:
-            while await metric(victim, REQUESTS_200) < 2:
-                await asyncio.sleep(0.02)
+            # Killed while a request is inside it (not merely after two answers: on a loaded
+            # machine the victim was once idle at that moment, and no request was in flight).
+            while not await asyncio.to_thread(answered_and_busy):
+                await asyncio.sleep(0.01)
             assert victim.process is not None
             victim.process.kill()  # SIGKILL: no goodbye, connections just drop
             return time.time()
