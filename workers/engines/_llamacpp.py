@@ -49,8 +49,6 @@ class LocalEngine(ThreadedEngine):
         self._seed = seed
         self._repeat_penalty = repeat_penalty
         self._model: LlamaModel | None = None
-        self._last_request: GenerationRequest | None = None
-        """The last generation run (its prompt's prefix is what the KV cache holds)."""
 
     @property
     def model_path(self) -> Path | None:
@@ -101,7 +99,7 @@ class LocalEngine(ThreadedEngine):
         this engine's prompt cache holds the same prefix: the first requests after a reload's swap
         reuse it as they did on the old engine (e.g. a shared system prompt). Tokenized by this
         engine's own model, so a model with another vocabulary is warmed correctly too."""
-        last = serving._last_request if isinstance(serving, LocalEngine) else None
+        last = serving.last_request if isinstance(serving, ThreadedEngine) else None
         if last is None or (last.messages is None and last.prompt is None):
             return
         await self.start()
@@ -155,7 +153,6 @@ class LocalEngine(ThreadedEngine):
                 model.clear_cache()
                 return WorkerError(f"warming the prompt cache failed: {exc}")
             return StreamDelta("")
-        self._last_request = job.request
         try:
             result = model.generate(job.request, job.sink, job.cancelled.is_set, self.faults)
         except EngineDead as exc:

@@ -49,6 +49,10 @@ class ThreadedEngine(Engine):
         self._current: EngineJob | None = None
         self._dead: str | None = None
         """Why the engine is dead (None while it serves); set by the model thread."""
+        self.last_request: GenerationRequest | None = None
+        """The last generation this engine started (set by the model thread; housekeeping jobs
+        do not count). A hot reload's :meth:`~Engine.warm_like` replays its shape on the new
+        engine: what the KV cache holds, what the clients are asking."""
 
     # -- what a subclass provides -------------------------------------------------------------
 
@@ -191,6 +195,8 @@ class ThreadedEngine(Engine):
                 job.sink(EngineDead(f"the {self.name} engine has no model loaded"))
                 continue
             self._current = job
+            if job.kind == "generate":
+                self.last_request = job.request
             try:
                 outcome = self.run_job(job)
             except Exception as exc:  # a bug must fail one request, not the thread
