@@ -180,12 +180,13 @@ def report(episodes: list[Episode], seen: Seen) -> bool:
         if episode.kind == "reload":
             pooled[0] += before
             pooled[1] += after
-            during = [a for a in seen.answers if a[1] >= episode.asked and a[0] <= episode.swapped]
             print(
                 f"  reload to {episode.name}: HTTP {episode.status} in "
                 f"{episode.swapped - episode.asked:.2f} s: {_short(episode.answer)}; "
-                f"{len(during)} request(s) across it; answered after by {', '.join(sorted(models))}"
+                f"{_across(episode, seen)}; answered after by {', '.join(sorted(models))}"
             )
+        else:
+            print(f"  {_across(episode, seen)}")
             ok = ok and episode.status == 200 and models == {episode.name}
     for kind, label in (("reload", "reload episodes"), ("sham", "control (no reload)")):
         if changes[kind]:
@@ -200,6 +201,14 @@ def report(episodes: list[Episode], seen: Seen) -> bool:
             f"; p99 {change(pooled[0], pooled[1]) or 0.0:+.1f} %"
         )
     return ok
+
+
+def _across(episode: Episode, seen: Seen) -> str:
+    """The requests in neither window: those running while the reload was asked for and
+    answered (a sham: at the instant it would have been), with their slowest latency."""
+    during = [e - s for s, e, _ in seen.answers if e >= episode.asked and s <= episode.swapped]
+    slowest = f", slowest {max(during) * 1000:.0f} ms" if during else ""
+    return f"{len(during)} request(s) across it{slowest}"
 
 
 def _short(text: str) -> str:
