@@ -98,6 +98,44 @@ class FailoverReport:
         ]
 
 
+def start_runners(
+    chain: Path, url: str, log_dir: Path, concurrency: int, ids: list[str], processes: int
+) -> list[subprocess.Popen[str]]:
+    """Start ``processes`` runner processes (the drill's runner script), the runs ``ids`` dealt
+    out round robin, each running ``concurrency`` runs at once on the store ``url``."""
+    head = [sys.executable, "-c", _RUNNER, str(chain), url, str(log_dir), str(concurrency)]
+    return [
+        subprocess.Popen(
+            [*head, *ids[n::processes]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for n in range(processes)
+    ]
+
+
+def collect_results(
+    procs: list[subprocess.Popen[str]], problems: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Wait for the runner processes; each run's result row by run id. A runner that exits
+    non-zero adds a line to ``problems``."""
+    results: dict[str, dict[str, Any]] = {}
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            problems.append(f"runner exited {proc.returncode}: {err.strip()[-500:]}")
+        for line in out.splitlines():
+            row = json.loads(line)
+            results[row["run_id"]] = row
+    return results
+
+
+def stop_runners(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill the runner processes still running and reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def failover_drill(
     cluster: LocalCluster,
     *,
@@ -115,28 +153,12 @@ def failover_drill(
     url = f"{cluster.url}?retry_for_s={retry_for_s:g}"
     ids = [f"fo-{os.getpid()}-{i}" for i in range(runs)]
     t0 = time.monotonic()
-    head = [sys.executable, "-c", _RUNNER, str(chain), url, str(log_dir), str(concurrency)]
-    procs = [
-        subprocess.Popen(
-            [*head, *ids[n::processes]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for n in range(processes)
-    ]
+    procs = start_runners(chain, url, log_dir, concurrency, ids, processes)
     try:
         _kill_a_master_midway(cluster, report, ids, log_dir, int(runs * kill_at), steps)
-        results: dict[str, dict[str, Any]] = {}
-        for proc in procs:
-            out, err = proc.communicate(timeout=600)
-            if proc.returncode != 0:
-                report.problems.append(f"runner exited {proc.returncode}: {err.strip()[-500:]}")
-            for line in out.splitlines():
-                row = json.loads(line)
-                results[row["run_id"]] = row
+        results = collect_results(procs, report.problems)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        stop_runners(procs)
     report.wall_s = time.monotonic() - t0
     asyncio.run(_judge(cluster.url, ids, results, log_dir, steps, report))
     return report

@@ -22,10 +22,8 @@ holders than its limit (:func:`.limiter_conformance.run_stress`).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from redis.crc import key_slot
 from ..concurrency import RedisLimiter
 from ..concurrency._keys import key_names
 from ._limiter_stress import run_stress
-from .failover import _RUNNER, FailoverReport, _judge
+from .failover import FailoverReport, _judge, collect_results, start_runners, stop_runners
 from .redis_cluster import LocalCluster
 
 __all__ = ["ReshardReport", "error_counts", "migrate_slot", "reshard_drill"]
@@ -164,29 +162,13 @@ def reshard_drill(
     )
     limiter_thread.start()
     t0 = time.monotonic()
-    head = [sys.executable, "-c", _RUNNER, str(chain), url, str(log_dir), str(concurrency)]
-    procs = [
-        subprocess.Popen(
-            [*head, *ids[n::processes]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for n in range(processes)
-    ]
+    procs = start_runners(chain, url, log_dir, concurrency, ids, processes)
     try:
         _move_live_slots(cluster, report, ids, log_dir, procs, slots_per_round)
-        results: dict[str, dict[str, Any]] = {}
-        for proc in procs:
-            out, err = proc.communicate(timeout=600)
-            if proc.returncode != 0:
-                report.problems.append(f"runner exited {proc.returncode}: {err.strip()[-500:]}")
-            for line in out.splitlines():
-                row = json.loads(line)
-                results[row["run_id"]] = row
+        results = collect_results(procs, report.problems)
     finally:
         stop.set()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        stop_runners(procs)
         limiter_thread.join(timeout=120)
     report.runs.wall_s = time.monotonic() - t0
     after = error_counts(cluster)
