@@ -8,14 +8,12 @@ constraint can make its output valid; vLLM has its own case in ``test_engine_vll
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_loader import gpu_oom_bench
 from jsonschema import Draft202012Validator
 from structured_schemas import SCHEMAS, bounded, prompt_for
 
@@ -77,13 +75,7 @@ def torch_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("llguidance")
     from workers.engines._torch import TorchEngine
 
-    bench_path = Path(__file__).resolve().parent.parent / "bench" / "gpu_oom.py"
-    spec = importlib.util.spec_from_file_location("gpu_oom_bench", bench_path)
-    assert spec is not None
-    assert spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = gpu_oom_bench()
     folder = bench.build_random_model(tmp_path_factory.mktemp("tiny") / "m", layers=2, hidden=128)
     eng = TorchEngine(folder, device="cpu", max_model_len=1024)
     yield eng

@@ -7,7 +7,6 @@ CUDA out-of-memory episode lives in ``tests/test_gpu_oom.py``.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench_loader import gpu_oom_bench
 
 from chainrt._errors import EngineOOM, WorkerError
 from workers.engines._base import (
@@ -266,13 +266,7 @@ def cuda_model(tmp_path: Path) -> tuple[Path, int]:
     try:
         return ensure_hf_model(), SMOL_KV_ELEMENTS_PER_TOKEN * 2
     except WorkerError:
-        bench_path = Path(__file__).resolve().parent.parent / "bench" / "gpu_oom.py"
-        spec = importlib.util.spec_from_file_location("gpu_oom_bench", bench_path)
-        assert spec is not None
-        assert spec.loader is not None
-        bench = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = bench  # dataclasses resolve their annotations through it
-        spec.loader.exec_module(bench)
+        bench = gpu_oom_bench()
         folder: Path = bench.build_random_model(tmp_path / "random-llama")
         return folder, 2 * 8 * 4 * 128 * 2  # 8 layers, 4 KV heads of 128 dims
 

@@ -8,14 +8,13 @@ A random-weights Llama (``bench/gpu_oom.py``) on the CPU; CUDA is not needed for
 from __future__ import annotations
 
 import gc
-import importlib.util
 import shutil
-import sys
 import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_loader import gpu_oom_bench
 
 from workers.engines import ChatMessage, GenerationRequest
 
@@ -27,13 +26,7 @@ pytestmark = pytest.mark.slow
 
 def random_model(folder: Path) -> Path:
     """A tiny random Llama saved as an HF folder (the bench's builder)."""
-    bench_path = Path(__file__).resolve().parent.parent / "bench" / "gpu_oom.py"
-    spec = importlib.util.spec_from_file_location("gpu_oom_bench", bench_path)
-    assert spec is not None
-    assert spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = gpu_oom_bench()
     built: Path = bench.build_random_model(folder, layers=2, hidden=128)
     return built
 

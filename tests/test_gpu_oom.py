@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import math
 import os
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_loader import gpu_oom_bench
 
 torch = pytest.importorskip("torch")
 
@@ -25,16 +23,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu_oom.py"
-
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_oom_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
+    module = gpu_oom_bench()
     return module
 
 
