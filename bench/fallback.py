@@ -2,19 +2,29 @@
 
     .venv/bin/python bench/fallback.py [--runs 2000] [--concurrency 4]
         [--modes off,retry,on,on-faulty] [--error-rate 0.05] [--spike-ms 800] [--spike-every 3]
-        [--spike-for 1] [--budget 3s] [--scenario faults|hung] [--load-cores N]
+        [--spike-for 1] [--budget 3s] [--steps 3] [--scenario faults|hung] [--load-cores N]
 
 ``--scenario hung``: no injected errors or spikes; instead one of the two primary workers
 accepts every request and never answers (fault ``hang``) for the whole run — the case where the
-reserve must keep the fallback's time. ``--load-cores N`` runs ``scripts/cpu_hog --cores N``
+reserve must keep the fallback's time. Its workload is issue 14's own: a chain of two LLM steps
+with a 6 s budget, two runs at a time (defaults of ``--steps``, ``--budget`` and
+``--concurrency`` for this scenario). ``--load-cores N`` runs ``scripts/cpu_hog --cores N``
 beside the benchmark (on a 2-core machine, ``--load-cores 2`` leaves the workers, the runner and
 the in-process fallback fighting a neighbour for every core).
+
+Before the modes, the bench measures what the engines can answer (``bench/_capacity.py``: the
+healthy primary worker alone, the local model alone, both at once) and prints whether the offered
+load fits: with ``--concurrency`` runs at a time, a step may find every other run's request
+queued ahead of it on one single-generation engine. A workload where that worst case exceeds a
+step's share of the budget is printed as OVERLOADED: its failures are the load's, not only
+dispatch's (``--scenario hung --steps 3 --budget 3s --concurrency 4``, the workload of rounds
+1-3, is one on a 2-core machine).
 
 Two real workers (local llama.cpp engine, SmolLM2) serve the pool model ``primary``; each fails
 ``--error-rate`` of its requests with a 500 (fault injection), and every ``--spike-every``
 seconds one of them, in turn, delays every request by ``--spike-ms`` for ``--spike-for`` seconds.
-A chain of three LLM steps (each asks for the capital of France, up to 8 tokens; budget
-``--budget``) runs ``--runs`` times per mode, ``--concurrency`` runs at a time, through one
+A chain of ``--steps`` LLM steps (three by default; each asks for the capital of France, up to
+8 tokens; budget ``--budget``) runs ``--runs`` times per mode, ``--concurrency`` runs at a time, through one
 runner and one dispatcher per mode:
 
 * ``off``       — primary only, one try per step (a router with no retries and no fallbacks);
@@ -30,10 +40,11 @@ check are counted apart. Prints per mode: answered and completed rates, p50/p99 
 steps were answered, and how the failing steps' tries ended. Goal: >= 99.9 % answered with
 fallbacks on.
 
-The default concurrency is 4 because each worker runs one llama.cpp generation at a time and
-all engines (the workers and the in-process fallback) share the machine's CPU: more runs at once
-only queue, and an overloaded CPU is a third fault the fallback cannot absorb since it runs on
-the same cores (``--concurrency 8`` shows that case).
+The default concurrency is 4 (2 for ``--scenario hung``) because each worker runs one llama.cpp
+generation at a time and all engines (the workers and the in-process fallback) share the
+machine's CPU: more runs at once only queue, and an overloaded CPU is a third fault the fallback
+cannot absorb since it runs on the same cores (``--concurrency 8`` shows that case; the capacity
+line printed first says whether a workload fits).
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _capacity import headroom, measure  # noqa: E402
 from _workers import BenchWorker, local_workers  # noqa: E402
 
 from chainrt._durations import parse_duration_ms  # noqa: E402
@@ -68,14 +80,14 @@ MODES: dict[str, dict[str, Any]] = {
     "on": {"fallbacks": ["local"], "retry": {"attempts": 2, "backoff": "20ms"}},
     "on-faulty": {"fallbacks": ["backup"], "retry": {"attempts": 2, "backoff": "20ms"}},
 }
-STEPS = ("a", "b", "c")
+STEP_NAMES = ("a", "b", "c", "d", "e", "f")
 QUESTION = "What is the capital of France?"
 ANSWER = "paris"
 """Every step's answer must contain this (SmolLM2 at temperature 0: "The capital of France is
 Paris.", 7 tokens)."""
 
 
-def _chain(mode: str, budget: str) -> dict[str, Any]:
+def _chain(mode: str, budget: str, names: tuple[str, ...]) -> dict[str, Any]:
     steps = [
         {
             "id": step,
@@ -86,21 +98,21 @@ def _chain(mode: str, budget: str) -> dict[str, Any]:
             },
             **MODES[mode],
         }
-        for step in STEPS
+        for step in names
     ]
     return {
         "name": f"fallback-{mode}",
         "budget": budget,
         "inputs": {"q": "str"},
         "steps": steps,
-        "output": {step: f"{{{{ steps.{step}.output }}}}" for step in STEPS},
+        "output": {step: f"{{{{ steps.{step}.output }}}}" for step in names},
     }
 
 
-def _answered(output: Any) -> bool:
+def _answered(output: Any, names: tuple[str, ...]) -> bool:
     """Every step's answer is there and right."""
     return isinstance(output, dict) and all(
-        ANSWER in str(output.get(step, "")).lower() for step in STEPS
+        ANSWER in str(output.get(step, "")).lower() for step in names
     )
 
 
@@ -138,7 +150,8 @@ async def _mode(
         text += f"  backup:\n    served_model: smol\n    endpoints: [{{url: '{backup.base}'}}]\n"
     pool = parse_pool_config(text + "health: {interval: 500ms, timeout: 300ms}\n")
     dispatcher = make_dispatcher(pool)
-    spec = spec_from_dict(_chain(mode, args.budget))
+    names = STEP_NAMES[: args.steps]
+    spec = spec_from_dict(_chain(mode, args.budget, names))
     latencies: list[float] = []
     statuses: collections.Counter[str] = collections.Counter()
     wrong = 0  # completed, but some answer does not name Paris
@@ -161,7 +174,7 @@ async def _mode(
                         how = "primary, retried" if step.attempts > 1 else "primary"
                         answered[step.fallback or how] += 1
                 if result.status == "completed":
-                    if _answered(result.output):
+                    if _answered(result.output, names):
                         return
                     wrong += 1
                     if len(shown) < args.show_failures:
@@ -211,7 +224,7 @@ async def _mode(
         f"{mode:<9} answered {ok / args.runs * 100:7.3f} % ({ok}/{args.runs}; "
         f"completed {completed}, {wrong} of them with a wrong answer)   "
         f"p50 {_pct(latencies, 0.5):6.1f} ms   p99 {_pct(latencies, 0.99):7.1f} ms   "
-        f"[{wall:.0f}s]\n          steps answered by: {steps}"
+        f"[{wall:.0f}s, {sum(answered.values()) / wall:.2f} answers/s]\n          steps answered by: {steps}"
     )
     if reasons:
         line += "\n       failed steps ended: " + "; ".join(
@@ -227,6 +240,17 @@ async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[st
     if args.scenario == "hung":
         workers[1].faults(hang=True)
     primaries, backup = workers[:2], (workers[2] if len(workers) > 2 else None)
+    capacity = await measure(primaries[0].base, f"Step a: {QUESTION}", 8)
+    print(capacity.describe(), flush=True)
+    print(
+        headroom(
+            capacity,
+            concurrency=args.concurrency,
+            steps=args.steps,
+            budget_s=parse_duration_ms(args.budget) / 1000,
+        ),
+        flush=True,
+    )
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
@@ -247,13 +271,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=None, help="runs at a time (4; hung: 2)")
     parser.add_argument("--modes", default="off,retry,on,on-faulty")
     parser.add_argument("--error-rate", type=float, default=0.05)
     parser.add_argument("--spike-ms", type=float, default=800.0)
     parser.add_argument("--spike-every", type=float, default=3.0)
     parser.add_argument("--spike-for", type=float, default=1.0)
-    parser.add_argument("--budget", default="3s")
+    parser.add_argument("--budget", default=None, help="each run's budget (3s; hung: 6s)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="LLM steps per chain, 1-6 (3; hung: 2)"
+    )
     parser.add_argument(
         "--show-failures", type=int, default=0, help="print N failed runs' attempts"
     )
@@ -267,8 +294,17 @@ def main() -> None:
         "--load-cores", type=int, default=0, help="run scripts/cpu_hog on this many cores"
     )
     args = parser.parse_args()
-    if args.scenario == "hung":
+    hung = args.scenario == "hung"
+    if hung:
         args.error_rate, args.spike_ms = 0.0, 0.0
+    if args.concurrency is None:
+        args.concurrency = 2 if hung else 4
+    if args.budget is None:
+        args.budget = "6s" if hung else "3s"
+    if args.steps is None:
+        args.steps = 2 if hung else 3
+    if not 1 <= args.steps <= len(STEP_NAMES):
+        parser.error(f"--steps must be between 1 and {len(STEP_NAMES)}")
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         parser.error(
@@ -277,7 +313,7 @@ def main() -> None:
     parse_duration_ms(args.budget)
     count = 3 if "on-faulty" in args.modes.split(",") else 2
     print(
-        f"{args.runs} runs x 3 LLM steps per mode, {args.concurrency} at a time, budget {args.budget}; "
+        f"{args.runs} runs x {args.steps} LLM steps per mode, {args.concurrency} at a time, budget {args.budget}; "
         f"2 primary workers{' + 1 backup worker' if count == 3 else ''}, "
         + (
             "one of the two primaries hangs (accepts, never answers)"

@@ -13,6 +13,7 @@ from chainrt.dispatch._breaker import (
     abandon_all,
     admit,
     admit_all,
+    cooldown,
     record,
     record_all,
     refuses,
@@ -127,6 +128,8 @@ def test_refuses_does_not_change_state() -> None:
         ({"failure_rate": 0.0}, "failure_rate"),
         ({"failure_rate": 1.5}, "failure_rate"),
         ({"cooldown_s": -1.0}, "cooldown_s"),
+        ({"trip_unproven": -1}, "trip_unproven"),
+        ({"cooldown_s": 5.0, "max_cooldown_s": 4.0}, "max_cooldown_s"),
     ],
 )
 def test_policy_bounds(kwargs: dict[str, float], message: str) -> None:
@@ -165,7 +168,7 @@ def test_half_open_trial_is_shared_by_all_classes_and_closes_on_an_answer() -> N
     assert trials == frozenset({"connect"})
     assert admit_all(states, policies, 10.1) is None  # one trial only
     states = record_all(states, policies, error_class=None, now=10.2, trials=trials)
-    assert states["connect"] == CLOSED
+    assert states["connect"] == BreakerState("closed", (False,))  # the trial's answer counts
     assert states["5xx"].results == (True, False, False)
 
 
@@ -202,3 +205,121 @@ def test_default_policies_trip_fast_on_connect_and_slowly_on_429() -> None:
     assert failures_to_open(DEFAULT_POLICIES["connect"]) == 2
     assert failures_to_open(DEFAULT_POLICIES["overloaded"]) == 10
     assert DEFAULT_POLICIES["overloaded"].cooldown_s < DEFAULT_POLICIES["timeout"].cooldown_s
+
+
+# ------------------------------------------------------------------ hung endpoints (issue 14)
+
+HUNG = BreakerPolicy(
+    window=20, min_requests=4, failure_rate=0.5, cooldown_s=2.0, trip_unproven=1, max_cooldown_s=8.0
+)
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # Never answered: the first failure opens it (min_requests is 4).
+        ([("fail", 0)], ["open"]),
+        # Answered once: one failure is not enough; the usual rule decides (2 of 4).
+        ([("ok", 0), ("fail", 1)], ["closed", "closed"]),
+        ([("ok", 0), ("fail", 1), ("ok", 2), ("fail", 3)], ["closed"] * 3 + ["open"]),
+        # A trial that answers closes it with that answer in the window: a later lone failure
+        # does not reopen it at once.
+        (
+            [("fail", 0), ("try", 2.0), ("ok", 2.1), ("fail", 3)],
+            ["open", "half_open"] + ["closed"] * 2,
+        ),
+    ],
+)
+def test_trip_unproven(events: list[tuple[str, float]], expected: list[str]) -> None:
+    assert run(events, HUNG) == expected
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # Each failed trial doubles the wait for the next one: 2 s, 4 s, 8 s, then 8 s (the cap).
+        (
+            [
+                ("fail", 0),
+                ("try", 1.9),
+                ("try", 2.0),
+                ("fail", 2.0),
+                ("try", 5.9),
+                ("try", 6.0),
+                ("fail", 6.0),
+                ("try", 13.9),
+                ("try", 14.0),
+                ("fail", 14.0),
+                ("try", 21.9),
+                ("try", 22.0),
+            ],
+            [
+                "open",
+                "refused",
+                "half_open",
+                "open",
+                "refused",
+                "half_open",
+                "open",
+                "refused",
+                "half_open",
+                "open",
+                "refused",
+                "half_open",
+            ],
+        ),
+        # A successful trial resets it: the next opening waits the plain cool-down again.
+        (
+            [
+                ("fail", 0),
+                ("try", 2.0),
+                ("fail", 2.0),
+                ("try", 6.0),
+                ("ok", 6.1),
+                ("ok", 7),
+                ("fail", 8),
+                ("fail", 9),
+                ("try", 10.9),
+                ("try", 11.0),
+            ],
+            [
+                "open",
+                "half_open",
+                "open",
+                "half_open",
+                "closed",
+                "closed",
+                "closed",
+                "open",
+                "refused",
+                "half_open",
+            ],
+        ),
+    ],
+)
+def test_failed_trials_grow_the_cooldown(
+    events: list[tuple[str, float]], expected: list[str]
+) -> None:
+    assert run(events, HUNG) == expected
+
+
+@pytest.mark.parametrize(
+    ("failed_trials", "policy", "expected"),
+    [
+        (0, HUNG, 2.0),
+        (1, HUNG, 4.0),
+        (2, HUNG, 8.0),
+        (9, HUNG, 8.0),  # capped
+        (3, POLICY, 10.0),  # no max_cooldown_s: never grows
+    ],
+)
+def test_cooldown(failed_trials: int, policy: BreakerPolicy, expected: float) -> None:
+    state = BreakerState("open", (), opened_at=0.0, failed_trials=failed_trials)
+    assert cooldown(state, policy) == expected
+
+
+def test_default_timeout_breaker_finds_a_never_answering_endpoint_at_once() -> None:
+    policy = DEFAULT_POLICIES["timeout"]
+    assert record(CLOSED, policy, failed=True, now=0.0, trial=False).phase == "open"
+    answered = record(CLOSED, policy, failed=False, now=0.0, trial=False)
+    assert record(answered, policy, failed=True, now=1.0, trial=False).phase == "closed"

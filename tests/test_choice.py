@@ -27,6 +27,8 @@ from chainrt.dispatch._policy import (
     fallback_need,
     fit_context,
     judged_after,
+    next_tried,
+    queued_out,
     reserve_for,
 )
 
@@ -160,12 +162,51 @@ def test_fallback_need(rest: list[NextCandidate], left: float, expected: float) 
 @pytest.mark.parametrize(
     ("own_p90", "expected"),
     [
-        (None, 0.0),  # unknown: every timeout counts
+        (None, 1.0),  # unknown: only an attempt that ran a full second counts
         (0.8, 0.8),  # its usual 90th percentile for this request
     ],
 )
 def test_judged_after(own_p90: float | None, expected: float) -> None:
     assert judged_after(own_p90) == pytest.approx(expected)
+
+
+LOCAL = NextCandidate("local", 0.3, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("queue", "own_p50", "span", "fallback", "left", "expected"),
+    [
+        # Two requests ahead of a 0.4 s primary: its answer in ~1.2 s misses a 1.0 s cut, and
+        # the free local model answers in ~0.5 s: go there at once.
+        (2, 0.4, 1.0, LOCAL, 2.0, True),
+        (1, 0.4, 1.0, LOCAL, 2.0, False),  # one ahead: ~0.8 s fits the cut; wait for it
+        (0, 0.4, 0.3, LOCAL, 2.0, False),  # nothing queued: an ordinary attempt
+        (2, None, 1.0, LOCAL, 2.0, False),  # primary's latency unknown: nothing is skipped
+        (2, 0.4, 1.0, NextCandidate("local", 0.3, 0.5, in_flight=1), 2.0, False),  # busy too
+        (2, 0.4, 1.0, NextCandidate("local", None), 2.0, False),  # fallback unknown
+        (2, 0.4, 1.0, None, 2.0, False),  # no fallback
+        (2, 0.4, 1.0, NextCandidate("local", 0.3, 1.4), 2.0, False),  # its p90 is no sooner
+        (2, 0.4, 0.2, NextCandidate("local", 0.3, 0.5), 0.4, False),  # it does not fit the time
+        (5, 0.4, 1.0, NextCandidate("local", 0.3), 2.0, True),  # its median when no p90
+    ],
+)
+def test_queued_out(
+    queue: int,
+    own_p50: float | None,
+    span: float,
+    fallback: NextCandidate | None,
+    left: float,
+    expected: bool,
+) -> None:
+    assert queued_out(queue, own_p50, span, fallback, left) is expected
+
+
+def test_next_tried_skips_unusable_and_stops_at_static() -> None:
+    down = NextCandidate("down", 0.1, usable=False)
+    static = NextCandidate("static", static=True)
+    assert next_tried([down, LOCAL], 2.0, keep_partial=False) == LOCAL
+    assert next_tried([static, LOCAL], 2.0, keep_partial=False) is None
+    assert next_tried([], 2.0, keep_partial=False) is None
 
 
 @pytest.mark.parametrize(
@@ -251,7 +292,9 @@ def test_attempt_end_plain(
         (0.2, True, False, 0.6),  # 3 × its median: stuck, retry on the other endpoint
         (0.2, False, False, 10.0),  # nowhere else to go: it keeps the whole allotment
         (0.01, True, False, 0.25),  # tiny medians are noisy: never cut before 250 ms
-        (None, True, True, 10.0),  # unknown latency: no cut
+        (None, False, True, 10.0),  # unknown latency, nowhere else to retry: no cut
+        (None, True, True, 5.0),  # unknown, a retry elsewhere: half, so the retry fits
+        (None, True, False, 5.0),
         (4.0, True, False, 10.0),  # 3 × 4 s is past the deadline anyway
         (0.2, False, True, 1.0),  # only a fallback model waits: cut at 5 × its median
         (0.2, True, True, 0.6),  # another endpoint comes first: 3 ×

@@ -160,8 +160,13 @@ async def test_hung_worker_never_holds_a_step_past_its_allotment(
     # Held by the hung worker, the step would last until the client's 60 s timeout: half a
     # second over the allotment is a margin for a loaded machine's event loop, no more.
     assert step.elapsed_ms <= step.allotted_ms + 500
-    # Without a fallback: the step fails inside its allotment, not later.
+    # Without a fallback: the step fails inside its allotment, not later. A fresh pool (its
+    # own dispatcher): the first one's timeout breaker opened on the hung worker's first judged
+    # timeout (trip_unproven), so it would skip the worker instead of waiting on it.
     chain = chainrt.load(chain_file(tmp_path, budget="1500ms"))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    pool = pool_file(fresh, [b.base])
     started = time.perf_counter()
     result = await chain.arun({"q": "Say OK"}, run_id="hang-2", store=store, pool=str(pool))
     assert time.perf_counter() - started < 1.5 + 1.0  # + run creation and final commit

@@ -26,6 +26,7 @@ from chainrt.dispatch import (
     parse_pool_config,
 )
 from chainrt.dispatch._http import error_from_response, parse_retry_after
+from chainrt.dispatch._policy import MIN_JUDGED_UNKNOWN_S
 
 Reply = tuple[int, dict[str, str], Any] | None
 """(status, headers, JSON body), or None: never answer."""
@@ -416,9 +417,11 @@ async def test_timeouts_open_the_breaker_and_later_steps_skip_at_once(stubs: lis
     extra = "breakers:\n  timeout: {window: 4, min_requests: 2, cooldown: 30s}\n"
     dispatcher = dispatcher_for(stub.url, extra=extra)
     try:
+        # While nothing is known of the model, an attempt is judged only after running 1 s
+        # (MIN_JUDGED_UNKNOWN_S): shorter cuts say nothing about the endpoint.
         for _ in range(2):
             with pytest.raises(DispatchFailed):
-                await dispatcher.complete(call(), time.time() + 0.2)
+                await dispatcher.complete(call(), time.time() + MIN_JUDGED_UNKNOWN_S + 0.1)
         started = time.perf_counter()
         with pytest.raises(DispatchFailed) as caught:
             await dispatcher.complete(call(), time.time() + 5)
@@ -426,8 +429,9 @@ async def test_timeouts_open_the_breaker_and_later_steps_skip_at_once(stubs: lis
         assert time.perf_counter() - started < 1.0
     finally:
         await dispatcher.close()
-    # On a loaded machine an attempt of 0.2 s may end before its request is even sent.
-    assert 1 <= len(stub.posts) <= 2
+    # It never answered: its first judged timeout opened it (trip_unproven), the second step
+    # skipped it already.
+    assert len(stub.posts) == 1
     skipped = caught.value.attempts[0]
     assert skipped.status == "skipped"
     assert "circuit open (timeout)" in (skipped.detail or "")
@@ -440,14 +444,17 @@ async def test_an_attempt_cut_by_the_guard_counts_as_a_timeout_for_the_breaker(
     # then the guard cancels the attempt before its own timeout can answer. It must still count
     # as the timeout it was, or the breaker never opens on a slow machine.
     stub = await serve(stubs, lambda n, h, b: None)
-    extra = "breakers:\n  timeout: {window: 4, min_requests: 2, cooldown: 30s}\n"
+    # trip_unproven off: the breaker opens only when both guard-cut attempts counted.
+    extra = "breakers:\n  timeout: {window: 4, min_requests: 2, cooldown: 30s, trip_unproven: 0}\n"
     dispatcher = dispatcher_for(stub.url, extra=extra)
     loop = asyncio.get_running_loop()
     try:
         for _ in range(2):
-            deadline = time.time() + 0.3
-            # Block the loop from 0.2 s to 0.6 s: across the end (0.3 s) and the guard (0.35 s).
-            loop.call_later(0.2, time.sleep, 0.4)
+            end = MIN_JUDGED_UNKNOWN_S + 0.1  # long enough to be judged (nothing is known yet)
+            deadline = time.time() + end
+            # Block the loop from 0.1 s before the end to 0.3 s after it: across the end and
+            # the guard (0.05 s after it).
+            loop.call_later(end - 0.1, time.sleep, 0.4)
             with pytest.raises(DispatchFailed) as caught:
                 await dispatcher.complete(call(), deadline)
             assert [a.status for a in caught.value.attempts] == ["timeout"]

@@ -236,3 +236,15 @@ def test_context_window_reaches_the_backend() -> None:
         parse_pool_config(
             "models:\n  m:\n    context_window: 0\n    endpoints: [{url: 'http://h:1'}]\n"
         )
+
+
+def test_timeout_breaker_overrides_keep_its_hung_endpoint_fields() -> None:
+    base = "models:\n  m:\n    endpoints: [{url: 'http://h:1'}]\nbreakers:\n  timeout: "
+    policy = parse_pool_config(base + "{cooldown: 1s}\n").breaker_policies()["timeout"]
+    assert (policy.cooldown_s, policy.trip_unproven, policy.max_cooldown_s) == (1.0, 1, 30.0)
+    # A cool-down longer than the default cap raises the cap with it (no inconsistent policy).
+    policy = parse_pool_config(base + "{cooldown: 60s}\n").breaker_policies()["timeout"]
+    assert (policy.cooldown_s, policy.max_cooldown_s) == (60.0, 60.0)
+    text = base + "{trip_unproven: 0, max_cooldown: 10s}\n"
+    policy = parse_pool_config(text).breaker_policies()["timeout"]
+    assert (policy.trip_unproven, policy.max_cooldown_s) == (0, 10.0)

@@ -56,6 +56,11 @@ class ModelBackend(abc.ABC):
         """How many endpoints outside ``avoid`` could take a request now."""
         return 1 if self.available() else 0
 
+    def least_in_flight(self, avoid: frozenset[str]) -> int | None:
+        """Requests in flight on the least busy usable endpoint outside ``avoid`` (None: the
+        backend does not count them; the dispatcher's count of the model's attempts stands in)."""
+        return None
+
     def places(self) -> int:
         """How many places requests go to (endpoints); 1 for the in-process model.
 

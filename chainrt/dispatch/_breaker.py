@@ -6,6 +6,14 @@ One breaker watches one error class on one endpoint::
     open ──(cooldown passed: the next request is let through as the one trial)──► half_open
     half_open ──(the trial succeeds)──► closed        half_open ──(the trial fails)──► open
 
+Two refinements, both off unless a policy asks (the ``timeout`` class does, issue 14):
+
+* ``trip_unproven``: an endpoint with no success in its window opens after this many failures,
+  before ``min_requests`` — an endpoint that accepts and never answers is found out after one
+  judged timeout instead of four, while one that has answered before needs the usual evidence;
+* ``max_cooldown_s``: each failed trial doubles the cool-down, up to this — a worker that stays
+  hung costs one trial every 30 s instead of one every 2 s.
+
 Each class keeps its own window because the causes differ: a refused connection means the worker
 is gone (trip after two), a 429 means it is busy for a moment (trip only when nearly every answer
 is one, and cool down briefly). An endpoint admits a request only when every class admits it;
@@ -32,6 +40,7 @@ __all__ = [
     "abandon_all",
     "admit",
     "admit_all",
+    "cooldown",
     "record",
     "record_all",
     "refuses",
@@ -54,6 +63,12 @@ class BreakerPolicy:
     """Time an open breaker refuses everything before it lets one trial through.
 
     Also how long a trial may stay unanswered before another one is allowed."""
+    trip_unproven: int = 0
+    """Open after this many failures when the window holds no success at all, even below
+    ``min_requests`` (0: never). Only an endpoint that has not answered is judged this early."""
+    max_cooldown_s: float | None = None
+    """When set, each failed half-open trial doubles the cool-down, up to this (None: the
+    cool-down never grows)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -64,6 +79,10 @@ class BreakerPolicy:
             raise ValueError(f"{self.failure_rate=} must be in (0, 1]")
         if self.cooldown_s < 0:
             raise ValueError(f"{self.cooldown_s=} must be >= 0")
+        if self.trip_unproven < 0:
+            raise ValueError(f"{self.trip_unproven=} must be >= 0")
+        if self.max_cooldown_s is not None and self.max_cooldown_s < self.cooldown_s:
+            raise ValueError(f"{self.max_cooldown_s=} must be at least {self.cooldown_s=}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +94,8 @@ class BreakerState:
     opened_at: float = 0.0
     trial_since: float | None = None
     """When the half-open trial was let through (None: no trial in flight)."""
+    failed_trials: int = 0
+    """Half-open trials failed in a row since the breaker last closed (grows the cool-down)."""
 
 
 CLOSED = BreakerState()
@@ -96,8 +117,16 @@ step's ``verify.below`` (or the pool model's ``low_confidence_below``); the answ
 DEFAULT_POLICIES: Mapping[str, BreakerPolicy] = {
     # A refused or dropped connection: the worker is gone; stop sending at once.
     "connect": BreakerPolicy(window=10, min_requests=2, failure_rate=0.5, cooldown_s=2.0),
-    # A worker that accepts and never answers costs whole allotments: trip after a few.
-    "timeout": BreakerPolicy(window=20, min_requests=4, failure_rate=0.5, cooldown_s=2.0),
+    # A worker that accepts and never answers costs whole allotments: trip after a few, or
+    # after the first when it has never answered; a worker that stays hung is tried less often.
+    "timeout": BreakerPolicy(
+        window=20,
+        min_requests=4,
+        failure_rate=0.5,
+        cooldown_s=2.0,
+        trip_unproven=1,
+        max_cooldown_s=30.0,
+    ),
     # Scattered 5xx are retried elsewhere; only a mostly failing worker is cut off.
     "5xx": BreakerPolicy(window=20, min_requests=10, failure_rate=0.5, cooldown_s=5.0),
     # OOM (503): the worker recovers in process within seconds.
@@ -109,6 +138,14 @@ DEFAULT_POLICIES: Mapping[str, BreakerPolicy] = {
     "low_confidence": BreakerPolicy(window=20, min_requests=5, failure_rate=0.5, cooldown_s=30.0),
 }
 """The policy of each breaker class unless the pool file overrides it."""
+
+
+def cooldown(state: BreakerState, policy: BreakerPolicy) -> float:
+    """Seconds an open breaker in ``state`` refuses before its next trial: the policy's
+    cool-down, doubled for each failed trial in a row up to ``max_cooldown_s`` (when set)."""
+    if policy.max_cooldown_s is None or state.failed_trials <= 0:
+        return policy.cooldown_s
+    return min(policy.cooldown_s * 2.0 ** min(state.failed_trials, 32), policy.max_cooldown_s)
 
 
 def refuses(state: BreakerState, policy: BreakerPolicy, now: float) -> bool:
@@ -126,9 +163,11 @@ def admit(state: BreakerState, policy: BreakerPolicy, now: float) -> BreakerStat
     if state.phase == "closed":
         return state
     if state.phase == "open":
-        if now - state.opened_at < policy.cooldown_s:
+        if now - state.opened_at < cooldown(state, policy):
             return None
-        return BreakerState("half_open", (), state.opened_at, trial_since=now)
+        return BreakerState(
+            "half_open", (), state.opened_at, trial_since=now, failed_trials=state.failed_trials
+        )
     if state.trial_since is not None and now - state.trial_since < policy.cooldown_s:
         return None
     return replace(state, trial_since=now)
@@ -146,9 +185,15 @@ def record(
         results = (*state.results, failed)[-policy.window :]
         if len(results) >= policy.min_requests and _share(results) >= policy.failure_rate:
             return BreakerState("open", (), opened_at=now)
+        if 0 < policy.trip_unproven <= len(results) and all(results):
+            return BreakerState("open", (), opened_at=now)  # never answered: found out early
         return BreakerState("closed", results)
     if state.phase == "half_open" and trial:
-        return BreakerState("open", (), opened_at=now) if failed else CLOSED
+        if failed:
+            return BreakerState("open", (), opened_at=now, failed_trials=state.failed_trials + 1)
+        # The trial's success is the window's first result: the endpoint has answered, so one
+        # more failure alone does not reopen it (trip_unproven).
+        return BreakerState("closed", (False,))
     return state
 
 

@@ -40,6 +40,8 @@ from ._policy import (
     fallback_need,
     fit_context,
     judged_after,
+    next_tried,
+    queued_out,
     reserve_for,
     worth_starting,
 )
@@ -255,6 +257,20 @@ class _ModelTry:
             why = (
                 f"the next fallback's reserve leaves it {max(end - now, 0) * 1000:.0f}ms, too "
                 "little to answer"
+            )
+            self._log("skipped", 0.0, None, why)
+            raise _Skipped(why)
+        queue = self.backend.least_in_flight(frozenset(self.avoid))
+        if queue is None:
+            queue = self.d._in_flight.get(model, 0)
+        fallback = next_tried(rest, left, call.keep_partial)
+        if self.reserve_s > 0 and queued_out(queue, p50, end - now, fallback, left):
+            assert p50 is not None
+            assert fallback is not None
+            why = (
+                f"{queue} request(s) queued ahead: its expected answer in "
+                f"{(queue + 1) * p50 * 1000:.0f}ms misses its {(end - now) * 1000:.0f}ms; "
+                f"{fallback.name} is free"
             )
             self._log("skipped", 0.0, None, why)
             raise _Skipped(why)

@@ -142,6 +142,16 @@ class HttpBackend(ModelBackend):
             for url, _ in self.endpoints
         )
 
+    def least_in_flight(self, avoid: frozenset[str]) -> int | None:
+        table = self.resources.table
+        now = time.monotonic()
+        counts = [
+            table.state(url).in_flight
+            for url, _ in self.endpoints
+            if url not in avoid and table.why_unusable(table.state(url), now) is None
+        ]
+        return min(counts) if counts else None
+
     def places(self) -> int:
         return len(self.endpoints)
 

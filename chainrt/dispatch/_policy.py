@@ -10,7 +10,8 @@ Three questions, each answered without I/O (the loop in ``_dispatcher`` only awa
   never below what this candidate usually needs (unless that would eat into the fallback's
   expected time), never past ``attempt_timeout``, and no later
   than 3× its usual answer time when another endpoint of the same model could take a retry
-  (5× when only a fallback model could): a model that slow is stuck, not busy;
+  (5× when only a fallback model could): a model that slow is stuck, not busy; while its usual
+  time is unknown, half the usable time when another endpoint could take a retry;
 * :func:`decide_retry` — after a failure: retry now, retry after a wait, or move on to the next
   fallback at once. A retry is taken only when it fits before the reserve; a ``Retry-After`` is
   honoured only when it fits; a refused connection moves to another endpoint of the same model
@@ -30,12 +31,14 @@ __all__ = [
     "FALLBACK_STUCK_FACTOR",
     "MAX_RESERVE_SHARE",
     "MIN_ATTEMPT_S",
+    "MIN_JUDGED_UNKNOWN_S",
     "MIN_STUCK_S",
     "MIN_USEFUL_ATTEMPT_S",
     "OWN_FLOOR_FACTOR",
     "RESERVE_FACTOR",
     "STUCK_FACTOR",
     "UNKNOWN_RESERVE_SHARE",
+    "UNKNOWN_RETRY_SHARE",
     "USEFUL_SHARE_OF_P50",
     "ContextFit",
     "Failure",
@@ -47,6 +50,8 @@ __all__ = [
     "fallback_need",
     "fit_context",
     "judged_after",
+    "next_tried",
+    "queued_out",
     "reserve_for",
     "worth_starting",
 ]
@@ -58,6 +63,11 @@ RESERVE_FACTOR = 2.0
 needed exactly when things are slow, and a reserve too short wastes the whole attempt."""
 UNKNOWN_RESERVE_SHARE = 0.25
 """Share of the time left kept for a next fallback whose latency is not known yet."""
+UNKNOWN_RETRY_SHARE = 0.5
+"""While a model's latency is unknown and another endpoint of it could take a retry, an attempt
+gets this share of the time it could use: the retry elsewhere still fits (issue 14: the first
+step of a run, sent to the hung one of two endpoints, waited until only the fallback's reserve
+was left)."""
 MAX_RESERVE_SHARE = 0.5
 """The reserve's margin (beyond the fallback's expected time) is trimmed so that the current
 candidate keeps this share of the time left; the expected time itself is always kept."""
@@ -76,6 +86,11 @@ median still answers often: skipping at the median itself sent every step to a l
 in ``bench/fallback.py --scenario hung --load-cores 2``)."""
 MIN_STUCK_S = 0.25
 """... but never before this many seconds (medians of tiny answers are noisy)."""
+MIN_JUDGED_UNKNOWN_S = 1.0
+"""While nothing is known of a model's latency, a timed-out attempt counts against its endpoint
+only after running this long: one cut sooner (to keep a fallback's reserve, behind a queue) says
+nothing, and the ``timeout`` breaker opens on the first judged timeout of an endpoint that has
+never answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +108,7 @@ class NextCandidate:
     """Attempts on it in flight now: when many steps fall back at once, they queue there."""
 
 
-def _next_tried(
+def next_tried(
     rest: Sequence[NextCandidate], left_s: float, keep_partial: bool
 ) -> NextCandidate | None:
     """The first of ``rest`` that would be tried (None: nothing, or the static answer)."""
@@ -114,7 +129,7 @@ def fallback_need(rest: Sequence[NextCandidate], left_s: float, *, keep_partial:
     answer) comes next, or when its queue and median alone exceed the time left. The
     current candidate is never given time out of this (only out of the reserve's margin).
     """
-    candidate = _next_tried(rest, left_s, keep_partial)
+    candidate = next_tried(rest, left_s, keep_partial)
     if candidate is None:
         return 0.0
     known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
@@ -138,7 +153,7 @@ def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: b
     Zero when the next thing to try is the static answer, or nothing: then the current candidate
     may use every millisecond left.
     """
-    candidate = _next_tried(rest, left_s, keep_partial)
+    candidate = next_tried(rest, left_s, keep_partial)
     if candidate is None:
         return 0.0
     known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
@@ -180,6 +195,10 @@ def attempt_end(
         )
         if factor is not None:
             end = min(end, now + max(own_p50_s * factor, MIN_STUCK_S))
+    elif retry_elsewhere:
+        # Nothing is known of this model: it may be the hung endpoint. Leave the other
+        # endpoint's retry half the usable time rather than only the fallback's reserve.
+        end = now + (end - now) * UNKNOWN_RETRY_SHARE
     if attempt_timeout_s is not None:
         end = min(end, now + attempt_timeout_s)
     return max(min(end, deadline), min(now + MIN_ATTEMPT_S, deadline))
@@ -203,12 +222,39 @@ def worth_starting(span_s: float, own_p50_s: float | None, *, fallback_next: boo
 def judged_after(own_p90_s: float | None) -> float:
     """How long an attempt must have run for its timeout to count against its endpoint.
 
-    The model's expected 90th percentile for this request (0 when unknown: every timeout
-    counts): an endpoint is blamed for not answering only when it was given the time it usually
+    The model's expected 90th percentile for this request (:data:`MIN_JUDGED_UNKNOWN_S` when
+    unknown): an endpoint is blamed for not answering only when it was given the time it usually
     needs. Cutting a healthy but busy endpoint's attempt short to keep a fallback's reserve must
     not open its circuit (issue 14).
     """
-    return own_p90_s or 0.0
+    return MIN_JUDGED_UNKNOWN_S if own_p90_s is None else own_p90_s
+
+
+def queued_out(
+    own_queue: int,
+    own_p50_s: float | None,
+    span_s: float,
+    fallback: NextCandidate | None,
+    left_s: float,
+) -> bool:
+    """Whether to leave the current candidate for a free fallback instead of joining its queue.
+
+    ``own_queue``: requests in flight on the candidate's least busy usable endpoint;
+    ``span_s``: the time this attempt would get before its cut; ``fallback``: the next fallback
+    that would be tried; ``left_s``: the step's time left. True when the candidate's expected
+    answer behind that queue — its median for each request ahead and one for this one — comes
+    after the cut, while the fallback has nothing in flight and its expected time (90th
+    percentile, else median) fits the time left and comes sooner. Sent, the attempt would wait and be cut, and the fallback would then get less time
+    than it has now (issue 14: a healthy one-generation-at-a-time primary, queued behind other
+    runs, cut, then the fallback cut too). Nothing is skipped when a figure is unknown.
+    """
+    if own_queue <= 0 or own_p50_s is None or fallback is None or fallback.in_flight > 0:
+        return False
+    own_finish = (own_queue + 1) * own_p50_s
+    if own_finish <= span_s:
+        return False
+    theirs = fallback.p90_s if fallback.p90_s is not None else fallback.p50_s
+    return theirs is not None and theirs <= left_s and theirs < own_finish
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,14 +143,26 @@ class BreakerConfig(_Strict):
     min_requests: int | None = Field(default=None, ge=1, le=100_000)
     failure_rate: float | None = Field(default=None, gt=0, le=1)
     cooldown: DurationMs | None = None
+    trip_unproven: int | None = Field(default=None, ge=0, le=100_000)
+    max_cooldown: DurationMs | None = None
 
     def policy(self, base: BreakerPolicy) -> BreakerPolicy:
         """The class default with this override applied (ValueError when inconsistent)."""
+        cooldown_s = self.cooldown / 1000 if self.cooldown is not None else base.cooldown_s
+        max_cooldown_s = base.max_cooldown_s
+        if self.max_cooldown is not None:
+            max_cooldown_s = self.max_cooldown / 1000
+        elif max_cooldown_s is not None:
+            max_cooldown_s = max(max_cooldown_s, cooldown_s)  # a longer cooldown stays valid
         return BreakerPolicy(
             window=self.window if self.window is not None else base.window,
             min_requests=self.min_requests if self.min_requests is not None else base.min_requests,
             failure_rate=self.failure_rate if self.failure_rate is not None else base.failure_rate,
-            cooldown_s=self.cooldown / 1000 if self.cooldown is not None else base.cooldown_s,
+            cooldown_s=cooldown_s,
+            trip_unproven=self.trip_unproven
+            if self.trip_unproven is not None
+            else base.trip_unproven,
+            max_cooldown_s=max_cooldown_s,
         )
 
 
