@@ -7,8 +7,10 @@ with the same persistence (AOF, fsync every second, unless ``--no-persistence``)
    ``?wait_replicas=1`` (each write waits for its replica: the cost of that durability);
 2. concurrency keys: acquire + release pairs/s, 100 keys, 64 tasks of one process, best of
    ``--rounds``, single node next to cluster;
-3. total durable steps/s with ``--processes`` runner processes, each running ``--concurrency``
-   runs at once for ``--seconds``: on the cluster the runs spread over the 3 masters.
+3. total durable steps/s with ``--processes`` runner processes (a list, e.g. ``1,4,8,12``: one
+   measurement of each backend per count, same servers), each running ``--concurrency`` runs at
+   once for ``--seconds``: on the cluster the runs spread over the 3 masters. A table of
+   cluster / single-node per process count ends the output.
 
 Every figure comes from this run on this machine; the client processes and all the Redis servers
 share its cores (say how many when you quote a figure).
@@ -69,10 +71,26 @@ asyncio.run(main())
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the cluster comparison (used with ``--store redis-cluster``)."""
-    parser.add_argument("--processes", type=int, default=4, help="runner processes (part 3)")
+    parser.add_argument(
+        "--processes",
+        type=_counts,
+        default=[4],
+        help="runner processes of part 3, one count or a list (1,4,8,12): each count measured",
+    )
     # --concurrency is overhead.py's own (a list); part 3 runs its last value per process, or 8.
     parser.add_argument("--seconds", type=float, default=5.0, help="length of part 3")
     parser.add_argument("--rounds", type=int, default=3, help="best-of rounds of part 2")
+
+
+def _counts(text: str) -> list[int]:
+    """``--processes``: ``4`` or ``1,4,8,12`` (each at least 1)."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 1,4,8, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected counts of at least 1, got {text!r}")
+    return counts
 
 
 def _per_process(args: argparse.Namespace) -> int:
@@ -96,29 +114,53 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
         for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
             rate = asyncio.run(_pairs_per_s(url, args.rounds))
             print(f"{label:<20} {rate:>10,.0f} pairs/s")
-        print(
-            f"\n== total durable steps/s: {args.processes} runner processes x "
-            f"{_per_process(args)} runs at once, {args.steps}-step runs, {args.seconds:g} s"
-        )
         nodes = {single.url: [single.url], cluster.url: _master_urls(cluster)}
-        for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
-            before = [_cpu_s(node) for node in nodes[url]]
-            rate, steps = _load(url, args)
-            used = [_cpu_s(node) - b for node, b in zip(nodes[url], before, strict=True)]
-            masters = ""
-            if url == cluster.url:
-                masters = f"  (runs spread over {len(nodes[url])} masters)"
-            print(f"{label:<20} {rate:>10,.0f} durable steps/s{masters}")
-            # Where the ceiling is: the busiest Redis server saturates when it needs one CPU-s
-            # a second, i.e. at about steps / (its CPU-s) steps/s; below that, the clients'
-            # cores set the figure above, not Redis.
-            window = steps / rate if rate else 0.0
-            busiest = max(used)
+        rows = []
+        for processes in args.processes:
             print(
-                f"{'':<20} Redis CPU {sum(used) / max(steps, 1) * 1e6:.1f} us per step; busiest "
-                f"server {busiest / window * 100 if window else 0:.0f}% of one core; "
-                f"Redis-bound ceiling ~{steps / busiest if busiest else 0:,.0f} steps/s"
+                f"\n== total durable steps/s: {processes} runner processes x "
+                f"{_per_process(args)} runs at once, {args.steps}-step runs, {args.seconds:g} s"
             )
+            row = [processes]
+            for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
+                rate, busiest = _load_and_print(label, url, nodes[url], processes, args)
+                row += [rate, busiest]
+            rows.append(row)
+        print(f"\n== summary: {os.cpu_count()} CPUs, {_per_process(args)} runs at once per process")
+        print(
+            f"{'processes':>9} {'single steps/s':>15} {'busiest':>8} "
+            f"{'cluster steps/s':>16} {'busiest':>8} {'cluster/single':>15}"
+        )
+        for processes, s_rate, s_busy, c_rate, c_busy in rows:
+            ratio = c_rate / s_rate if s_rate else 0.0
+            print(
+                f"{processes:>9} {s_rate:>15,.0f} {s_busy:>7.0f}% "
+                f"{c_rate:>16,.0f} {c_busy:>7.0f}% {ratio:>14.2f}x"
+            )
+        print("(busiest: the busiest Redis server's CPU, % of one core, over the window)")
+
+
+def _load_and_print(
+    label: str, url: str, nodes: list[str], processes: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """Run part 3 once on ``url`` and print it: steps/s and the busiest server's % of a core."""
+    before = [_cpu_s(node) for node in nodes]
+    rate, steps = _load(url, processes, args)
+    used = [_cpu_s(node) - b for node, b in zip(nodes, before, strict=True)]
+    masters = f"  (runs spread over {len(nodes)} masters)" if len(nodes) > 1 else ""
+    print(f"{label:<20} {rate:>10,.0f} durable steps/s{masters}")
+    # Where the ceiling is: the busiest Redis server saturates when it needs one CPU-s a
+    # second, i.e. at about steps / (its CPU-s) steps/s; below that, the clients' cores set
+    # the figure above, not Redis.
+    window = steps / rate if rate else 0.0
+    busiest = max(used)
+    share = busiest / window * 100 if window else 0.0
+    print(
+        f"{'':<20} Redis CPU {sum(used) / max(steps, 1) * 1e6:.1f} us per step; busiest "
+        f"server {share:.0f}% of one core; "
+        f"Redis-bound ceiling ~{steps / busiest if busiest else 0:,.0f} steps/s"
+    )
+    return rate, share
 
 
 async def _pairs_per_s(url: str, rounds: int) -> float:
@@ -151,7 +193,7 @@ def _cpu_s(url: str) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _load(url: str, args: argparse.Namespace) -> tuple[float, int]:
+def _load(url: str, processes: int, args: argparse.Namespace) -> tuple[float, int]:
     """Durable steps/s summed over the runner processes (over the window they all ran), steps."""
     source = str(Path(__file__).resolve().parent)
     # Keep the caller's PYTHONPATH after ours: chainrt's dependencies may live there.
@@ -161,7 +203,7 @@ def _load(url: str, args: argparse.Namespace) -> tuple[float, int]:
     cmd += [str(args.seconds), source]
     procs = [
         subprocess.Popen(cmd, text=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        for _ in range(args.processes)
+        for _ in range(processes)
     ]
     try:
         for proc in procs:
