@@ -27,6 +27,8 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 from redis.asyncio.cluster import RedisCluster
 
+from ._cluster_asking import AskingSafeCluster
+
 __all__ = [
     "CLUSTER_TRANSIENT",
     "StoreOptions",
@@ -115,7 +117,8 @@ async def is_cluster(client: aioredis.Redis) -> bool:
 
 
 def cluster_client(url: str, **options: Any) -> RedisCluster:
-    """redis-py's asyncio cluster client for ``url`` (any node of the cluster).
+    """redis-py's asyncio cluster client for ``url`` (any node of the cluster), with ``ASKING``
+    sent on the connection of the command it allows (:class:`._cluster_asking.AskingSafeCluster`).
 
     ValueError if the URL names a database other than 0: a cluster has only database 0, and a
     run must not silently land elsewhere than its URL says.
@@ -126,7 +129,8 @@ def cluster_client(url: str, **options: Any) -> RedisCluster:
             f"a Redis Cluster has only database 0, but the URL names database {db}; "
             "drop the /db part of the URL"
         )
-    return RedisCluster.from_url(url, **options)
+    # ASKING on the redirected command's own connection (see _cluster_asking).
+    return AskingSafeCluster.from_url(url, **options)
 
 
 async def close_client(client: Any) -> None:

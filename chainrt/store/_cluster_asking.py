@@ -1,0 +1,48 @@
+"""redis-py's asyncio cluster client, with ``ASKING`` on the connection of the command it allows.
+
+During a slot migration the source master answers ``ASK <target>`` for a key it no longer has.
+The client must then send ``ASKING`` and the command *on one connection* to the target: the
+allowance is a flag of that connection, cleared by its next command. redis-py (seen in 5.x to
+8.1) sends ``ASKING`` as a command of its own through the target node's pool of free connections,
+which it takes from the left and gives back on the right: once the pool holds two or more idle
+connections (any concurrent client), ``ASKING`` goes out on one connection and the command on
+another. The target then answers ``MOVED`` back to the source, the source ``ASK`` again, and the
+call ends with ``ClusterError: TTL exhausted`` after 16 tries, every fifth ``MOVED`` dropping all
+of the client's connections (redis-py's ``reinitialize_steps``). Every key already moved is
+unreachable until the migration ends.
+
+:class:`AskingSafeCluster` makes each node's free connections last in, first out: ``ASKING``
+returns its connection, and the command, which redis-py sends next with no pause in between,
+takes that same one. Nothing else changes. Where a redis-py version keeps its pool differently
+(no ``_free`` deque), the nodes are left as they are.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+
+__all__ = ["AskingSafeCluster", "LastInFirstOut"]
+
+
+class LastInFirstOut(deque[Any]):
+    """A node's free connections: ``popleft`` (redis-py's acquire) takes the one given back
+    last (``append``, redis-py's release)."""
+
+    def popleft(self) -> Any:
+        return self.pop()
+
+
+class AskingSafeCluster(RedisCluster):
+    """redis-py's ``RedisCluster``; every node it knows hands out its free connections last in,
+    first out, so that ``ASKING`` and the redirected command share one (see the module)."""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        await super().initialize(*args, **kwargs)
+        for node in self.nodes_manager.nodes_cache.values():
+            free = getattr(node, "_free", None)
+            if type(free) is deque:
+                node._free = LastInFirstOut(free, maxlen=free.maxlen)
+        return self
