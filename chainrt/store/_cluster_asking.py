@@ -2,9 +2,9 @@
 
 During a slot migration the source master answers ``ASK <target>`` for a key it no longer has.
 The client must then send ``ASKING`` and the command *on one connection* to the target: the
-allowance is a flag of that connection, cleared by its next command. redis-py (seen in 5.x to
-8.1) sends ``ASKING`` as a command of its own through the target node's pool of free connections,
-which it takes from the left and gives back on the right: once the pool holds two or more idle
+allowance is a flag of that connection, cleared by its next command. redis-py (8.1, the version
+checked) sends ``ASKING`` as a command of its own through the target node's pool of free
+connections, which it takes from the left and gives back on the right: once the pool holds two idle
 connections (any concurrent client), ``ASKING`` goes out on one connection and the command on
 another. The target then answers ``MOVED`` back to the source, the source ``ASK`` again, and the
 call ends with ``ClusterError: TTL exhausted`` after 16 tries, every fifth ``MOVED`` dropping all
