@@ -118,7 +118,8 @@ async def is_cluster(client: aioredis.Redis) -> bool:
 
 def cluster_client(url: str, **options: Any) -> RedisCluster:
     """redis-py's asyncio cluster client for ``url`` (any node of the cluster), with ``ASKING``
-    sent on the connection of the command it allows (:class:`._cluster_asking.AskingSafeCluster`).
+    sent on the connection of the command it allows (:class:`._cluster_asking.AskingSafeCluster`)
+    and no rebuild of the whole slot map on ``MOVED`` (which drops the connections in flight).
 
     ValueError if the URL names a database other than 0: a cluster has only database 0, and a
     run must not silently land elsewhere than its URL says.
@@ -129,6 +130,11 @@ def cluster_client(url: str, **options: Any) -> RedisCluster:
             f"a Redis Cluster has only database 0, but the URL names database {db}; "
             "drop the /db part of the URL"
         )
+    # A MOVED patches the slot it names, never more: redis-py's default (reinitialize_steps=5)
+    # rebuilds the map on every fifth MOVED and drops all of the client's connections then,
+    # those of commands in flight included; a command whose reply is lost that way is sent
+    # again, and one that is not idempotent (the serve queue's XADD) then runs twice.
+    options.setdefault("reinitialize_steps", 0)
     # ASKING on the redirected command's own connection (see _cluster_asking).
     return AskingSafeCluster.from_url(url, **options)
 
