@@ -32,9 +32,16 @@ from typing import Any
 
 from chainrt.errors import EngineDead, WorkerError
 
-from ._base import Engine, GenerationRequest, GenerationResult, MemoryStats, StreamDelta
+from ._base import (
+    ChatMessage,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    MemoryStats,
+    StreamDelta,
+)
 from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
-from ._vllm_core import CoreConfig, kv_memory, probe_llm
+from ._vllm_core import CoreConfig, kv_memory, probe_llm, warm_llm
 from ._vllm_standby import StandbyCore
 from ._vllm_support import (
     DTYPE_BYTES,
@@ -58,6 +65,13 @@ _REFILL_DELAY_S = 5.0
 """After a swap, the next standby core starts building this much later: a build takes the CPU
 (and, in this process, the GIL) for tens of seconds, and the swap's readiness check and the
 requests that waited for it must run first."""
+
+_WARM_PROMPTS = (
+    "Name a color.",
+    "Say OK",
+    "Write one short sentence about the sea, then one about the mountains.",
+)
+"""Chat prompts of a few lengths that :meth:`VllmEngine._warm` runs on every new engine core."""
 
 
 class VllmEngine(Engine):
@@ -112,13 +126,15 @@ class VllmEngine(Engine):
         self._kv = KvUsage()
         self._lifecycle: asyncio.Lock | None = None
         self._aborts: set[asyncio.Task[None]] = set()
-        self._standby = StandbyCore(self._new_llm, self._probe) if standby else None
+        self._standby = StandbyCore(self._new_llm, self._warm) if standby else None
         self.swap_seconds: float | None = None
         """How long the last swap to the standby core took (death noticed -> serving again)."""
         self.model_dir: Path | None = None
         """The HF model directory in use (set by :meth:`start`)."""
         self.start_seconds: float | None = None
         """How long the last (re)build of the engine took."""
+        self.warm_seconds: float | None = None
+        """How long warming the serving core took at :meth:`start` (:meth:`_warm`)."""
         self.restarts = 0
         """How many times :meth:`recover` rebuilt the engine core."""
         self.replays = 0
@@ -127,11 +143,15 @@ class VllmEngine(Engine):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Build the AsyncLLM (spawns the engine core; ~20 s on 2 CPU cores). Idempotent."""
+        """Build the AsyncLLM (spawns the engine core; ~20 s on 2 CPU cores) and warm it
+        (:meth:`_warm`). Idempotent."""
         async with self._lock():
             if self._llm is None:
                 await asyncio.to_thread(self._load)
                 await asyncio.to_thread(self._build)
+                began = time.monotonic()
+                await self._warm(self._llm)
+                self.warm_seconds = time.monotonic() - began
                 if self._standby is not None:
                     self._standby.refill()
 
@@ -179,7 +199,7 @@ class VllmEngine(Engine):
             built = time.monotonic()
             self.restarts += 1
             try:
-                await self._probe(self._llm)
+                await self._warm(self._llm)
                 _log.info(
                     "vLLM rebuild: old core shut down %.2f s, new engine core %.2f s, "
                     "first token %.2f s",
@@ -373,6 +393,19 @@ class VllmEngine(Engine):
         """One short deterministic generation straight on ``llm``; raises if it fails."""
         ids = self._tokens().prompt_ids(GenerationRequest(prompt="Hello"), self._max_model_len)
         await probe_llm(self._v, llm, ids)
+
+    async def _warm(self, llm: Any) -> None:
+        """Check a new core and do the serving path's first-time work on it (:func:`warm_llm`):
+        a few chat prompts of different lengths, alone and at once, with the serving path's
+        sampling parameters (log-probabilities, two tokens). Raises if it cannot generate."""
+        await self._probe(llm)
+        requests = [
+            GenerationRequest(messages=[ChatMessage("user", text)], max_tokens=2)
+            for text in _WARM_PROMPTS
+        ]
+        prompts = [self._prompt_ids(request) for request in requests]
+        params = sampling_params(self._v, requests[0], self._max_model_len - max(map(len, prompts)))
+        await warm_llm(llm, prompts, params)
 
     # -- accounting ------------------------------------------------------------------------
 

@@ -22,7 +22,14 @@ from ._base import MemoryStats
 from ._hf_model import ModelFacts
 from ._vllm_support import DTYPE_BYTES, KvUsage, remember_processes
 
-__all__ = ["CPU_KV_CACHE_BYTES", "PROBE_TIMEOUT_S", "CoreConfig", "kv_memory", "probe_llm"]
+__all__ = [
+    "CPU_KV_CACHE_BYTES",
+    "PROBE_TIMEOUT_S",
+    "CoreConfig",
+    "kv_memory",
+    "probe_llm",
+    "warm_llm",
+]
 
 CPU_KV_CACHE_BYTES = 512 * 2**20
 """KV cache of the CPU build unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says otherwise: ~23k tokens
@@ -90,16 +97,38 @@ class CoreConfig:
 async def probe_llm(v: dict[str, Any], llm: Any, prompt_ids: list[int]) -> None:
     """One short deterministic generation straight on ``llm``; raises if it fails."""
     params = v["SamplingParams"](max_tokens=1, temperature=0.0)
-    rid = f"probe-{uuid.uuid4().hex[:12]}"
-
-    async def run() -> int:
-        produced = 0
-        async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, rid, priority=-1):
-            produced = len(out.outputs[0].token_ids)
-        return produced
-
-    if await asyncio.wait_for(run(), PROBE_TIMEOUT_S) < 1:
+    if await asyncio.wait_for(_run(llm, prompt_ids, params, "probe"), PROBE_TIMEOUT_S) < 1:
         raise EngineDead("the vLLM engine produced no token for its health probe")
+
+
+async def warm_llm(llm: Any, prompts: list[list[int]], params: Any) -> None:
+    """Do on a new engine core the first-time work of the serving path, before it serves.
+
+    A core compiles part of its sampler the first time it is asked for log-probabilities: vLLM's
+    ``batched_count_greater_than`` (token ranks) is ``torch.compile``d with inductor, once for a
+    batch of one and once more, with dynamic shapes, for the first batch of another size. That is
+    2.6 s on two CPU cores with inductor's on-disk cache warm (14.6 s cold), paid by the first
+    requests after a swap unless paid here. So: the first prompt alone, then all of them at once,
+    each with ``params`` (the serving path's sampling parameters: log-probabilities, a decode step).
+    Raises when a generation fails or produces nothing.
+    """
+
+    async def both() -> list[int]:
+        alone = await _run(llm, prompts[0], params, "warm")
+        together = await asyncio.gather(*(_run(llm, ids, params, "warm") for ids in prompts))
+        return [alone, *together]
+
+    if min(await asyncio.wait_for(both(), PROBE_TIMEOUT_S)) < 1:
+        raise EngineDead("the vLLM engine produced no token while warming up")
+
+
+async def _run(llm: Any, prompt_ids: list[int], params: Any, prefix: str) -> int:
+    """Generate on ``llm`` at the highest priority; how many tokens came out."""
+    rid = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    produced = 0
+    async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, rid, priority=-1):
+        produced += len(out.outputs[0].token_ids)
+    return produced
 
 
 def kv_memory(
