@@ -286,6 +286,22 @@ def episode(
     }
 
 
+def where_it_went(result: dict[str, float | str]) -> str:
+    """Death -> noticed (first failure) -> ready -> first answer; or, when no request failed
+    (every one in flight replayed, readiness never dropped), the first answers alone."""
+    detect, ready = float(result["detect_s"]), float(result["ready_s"])
+    first = float(result["first_answer_s"])
+    if result["failed"] == 0:
+        return (
+            f"no request failed; death -> first answer of a request in flight (replayed) "
+            f"{float(result['first_any_s']):.2f} s, of one sent after the death {first:.2f} s"
+        )
+    return (
+        f"death -> first failure (noticed) {detect:.2f} s, -> ready {ready - detect:.2f} s "
+        f"more, -> first answer {first - ready:.2f} s more"
+    )
+
+
 def breakdown(log: str) -> list[str]:
     """The rebuild lines of the worker's log (ours and vLLM's own timings)."""
     wanted = re.compile(
@@ -349,13 +365,7 @@ def main() -> int:
                 f"request {float(result['first_any_s']):.2f} s)",
                 flush=True,
             )
-            print(
-                f"  where it went: death -> first failure (noticed) {result['detect_s']:.2f} s, "
-                f"-> ready {float(result['ready_s']) - float(result['detect_s']):.2f} s more, "
-                f"-> first answer {float(result['first_answer_s']) - float(result['ready_s']):.2f}"
-                " s more",
-                flush=True,
-            )
+            print(f"  where it went: {where_it_went(result)}", flush=True)
             print(f"  old core's processes: {result['old_core']}", flush=True)
             if result["note"]:
                 print(f"  {result['note']}", flush=True)

@@ -3,7 +3,8 @@
 Building an ``AsyncLLM`` (spawning the engine core process, importing vLLM in it, loading the
 weights, profiling, allocating the KV cache) is 95-97 % of a rebuild after the engine core dies:
 tens of seconds on a small CPU machine. :class:`StandbyCore` builds one more ``AsyncLLM`` ahead of
-time, checks it with a one-token generation and keeps it idle, so that recovery is a pointer swap.
+time, warms it (``warm``: the serving path's first-time work, which checks it can generate too) and
+keeps it idle, so that recovery is a pointer swap and the swapped-in core serves at full speed.
 The cost is a second engine core: its memory (weights + KV cache + the process) for as long as the
 worker runs, and the CPU of building it after start and after every swap.
 """
@@ -29,12 +30,13 @@ class StandbyCore:
     """One spare ``AsyncLLM``: :meth:`refill` builds it, :meth:`take` hands it over.
 
     ``build`` is blocking (it runs in a thread) and returns a new, started ``AsyncLLM``;
-    ``probe`` checks one with a short generation and raises when it cannot generate.
+    ``warm`` runs the serving path's first-time work on one with a few short generations and
+    raises when it cannot generate.
     """
 
-    def __init__(self, build: Callable[[], Any], probe: Callable[[Any], Awaitable[None]]) -> None:
+    def __init__(self, build: Callable[[], Any], warm: Callable[[Any], Awaitable[None]]) -> None:
         self._build = build
-        self._probe = probe
+        self._warm = warm
         self._llm: Any = None
         self._pending: Any = None  # built, not yet checked
         self._task: asyncio.Task[None] | None = None
@@ -45,7 +47,9 @@ class StandbyCore:
         self.builds = 0
         """Standby cores built and checked so far."""
         self.build_seconds: float | None = None
-        """How long the last successful build (and its check) took."""
+        """How long the last successful build (and its warm-up) took."""
+        self.warm_seconds: float | None = None
+        """How long the last successful build's warm-up took (part of :attr:`build_seconds`)."""
 
     @property
     def state(self) -> StandbyState:
@@ -103,12 +107,13 @@ class StandbyCore:
         return spare
 
     def describe(self) -> dict[str, Any]:
-        """State, pid, builds, last build time and last error (for ``/health/ready``)."""
+        """State, pid, builds, last build and warm-up times, last error (``/health/ready``)."""
         return {
             "state": self.state,
             "core_pid": self.pid,
             "builds": self.builds,
             "build_seconds": self.build_seconds,
+            "warm_seconds": self.warm_seconds,
             "error": self.error,
         }
 
@@ -132,7 +137,8 @@ class StandbyCore:
         try:
             # Straight into the attribute, as the engine does with its serving core.
             self._pending = await asyncio.to_thread(self._build)
-            await self._probe(self._pending)
+            built = time.monotonic()
+            await self._warm(self._pending)
         except Exception as exc:  # a failed standby is logged; recovery falls back to a rebuild
             self.error = f"{type(exc).__name__}: {exc}"
             _log.warning("building the vLLM standby engine core failed: %s", self.error)
@@ -144,7 +150,11 @@ class StandbyCore:
         self.error = None
         self.builds += 1
         self.build_seconds = time.monotonic() - started
-        _log.info("vLLM standby engine core ready (pid %s) in %.2f s", self.pid, self.build_seconds)
+        self.warm_seconds = time.monotonic() - built
+        _log.info(
+            "vLLM standby engine core ready (pid %s) in %.2f s (warm-up %.2f s)",
+            self.pid, self.build_seconds, self.warm_seconds,
+        )  # fmt: skip
         if self._closed:  # the engine closed while this core was being built
             llm, self._llm = self._llm, None
             await shutdown_llm(llm)
