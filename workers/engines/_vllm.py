@@ -46,6 +46,7 @@ from ._vllm_standby import StandbyCore
 from ._vllm_support import (
     DTYPE_BYTES,
     Collected,
+    CoreDiedMidAnswer,
     CoreKilled,
     KvUsage,
     core_pid,
@@ -57,7 +58,7 @@ from ._vllm_support import (
     translate_error,
 )
 
-__all__ = ["CoreKilled", "VllmEngine"]
+__all__ = ["CoreDiedMidAnswer", "CoreKilled", "VllmEngine"]
 
 _log = logging.getLogger(__name__)
 
@@ -305,13 +306,15 @@ class VllmEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate the whole answer; at the deadline, the text so far (``"deadline"``).
 
-        Nothing reaches the caller before the result, so when the engine core is killed under
-        this request (:class:`CoreKilled`) it is replayed once on the standby core, if one is
-        ready and the deadline leaves room for the swap (:meth:`_replayable`).
+        Nothing reaches the caller before the result, so when the engine core dies under this
+        request from outside (:class:`CoreKilled`), or by itself after this request's first token
+        (:class:`CoreDiedMidAnswer`: a bystander of another request's failure), it is replayed
+        once on the standby core, if one is ready and the deadline leaves room for the swap
+        (:meth:`_replayable`).
         """
         try:
             return await self._generate_once(request)
-        except CoreKilled as exc:
+        except (CoreKilled, CoreDiedMidAnswer) as exc:
             if not self._replayable(request):
                 raise
             self.replays += 1
@@ -376,6 +379,11 @@ class VllmEngine(Engine):
             killed = core_signal(llm) if dead else None
             if killed is not None:  # ended from outside: no request of its own caused it
                 error = CoreKilled(f"{error} (engine core ended by signal {killed})")
+            elif dead and got.completion > 0:  # past its prefill: a bystander of the failure
+                error = CoreDiedMidAnswer(
+                    f"{error} (the core failed by itself after this request's "
+                    f"{got.completion} generated token(s))"
+                )
             raise error from exc
         finally:
             if timer is not None:

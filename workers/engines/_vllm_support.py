@@ -24,6 +24,7 @@ from ._hf_cache import force_offline
 __all__ = [
     "DTYPE_BYTES",
     "Collected",
+    "CoreDiedMidAnswer",
     "CoreKilled",
     "KvUsage",
     "core_pid",
@@ -84,7 +85,17 @@ class CoreKilled(EngineDead):
     """The engine core died under a request because a signal ended it (SIGKILL, say): from
     outside, not from anything a request made it do. A core that fails inside (an out-of-memory
     error in the model runner, a crashed kernel) exits by itself instead, and then the request it
-    was running may be the cause: that death is a plain ``EngineDead``, never replayed."""
+    was running may be the cause: that death is a plain ``EngineDead`` (never replayed) or, for a
+    request already past its prefill, :class:`CoreDiedMidAnswer`."""
+
+
+class CoreDiedMidAnswer(EngineDead):
+    """The engine core failed by itself (an out-of-memory error in its model runner, say) while
+    this request was past its prefill there: the core had generated at least one of its tokens.
+    Every request of the failing step dies with the core, but a step fails on what is new in it,
+    most often a newly arrived prompt's prefill, so a request that was already decoding is taken
+    for a bystander and replayed once, like :class:`CoreKilled`. A request with no token yet (a
+    suspect) is never replayed."""
 
 
 class KvUsage:
