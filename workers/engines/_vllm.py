@@ -153,6 +153,10 @@ class VllmEngine(Engine):
                 began = time.monotonic()
                 await self._warm(self._llm)
                 self.warm_seconds = time.monotonic() - began
+                _log.info(
+                    "vLLM engine core built in %.2f s, warmed in %.2f s",
+                    self.start_seconds or 0.0, self.warm_seconds,
+                )  # fmt: skip
                 if self._standby is not None:
                     self._standby.refill()
 
