@@ -307,7 +307,7 @@ def breakdown(log: str) -> list[str]:
     wanted = re.compile(
         r"vLLM rebuild:|Model loading took|init engine \(|recovered from|swapped to the standby"
         r"|standby engine core ready|can't allocate memory|OutOfMemoryError|MemoryError"
-        r"|readiness generation|warmed in|replaying request"
+        r"|readiness generation|warmed in|replaying request|core shut down in"
     )
     return [line.strip()[-160:] for line in log.splitlines() if wanted.search(line)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import time
 import warnings
@@ -43,6 +44,8 @@ __all__ = [
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 """Bytes per element of the dtypes the engine accepts (the KV cache uses the model's dtype)."""
+_log = logging.getLogger(__name__)
+
 _SHUTDOWN_TIMEOUT_S = 5.0
 _PROCESSES = "_chainrt_core_processes"
 """Attribute of an AsyncLLM holding its engine core's process tree (psutil), noted at build."""
@@ -144,11 +147,17 @@ async def shutdown_llm(llm: Any) -> None:
     if handler is not None:
         # Stopped first, or it reports the engine core we are about to stop as an error.
         handler.cancel()
+    began = time.monotonic()
     await asyncio.to_thread(_stop, llm)
     del llm
+    stopped = time.monotonic()
     # The AsyncLLM sits in reference cycles: collected at interpreter exit its __del__ fails
     # noisily (vLLM's module globals are gone by then), so collect it while they exist.
     gc.collect()
+    _log.info(
+        "vLLM engine core shut down in %.2f s (gc.collect on the event loop %.2f s)",
+        time.monotonic() - began, time.monotonic() - stopped,
+    )  # fmt: skip
 
 
 def core_pid(llm: Any) -> int | None:
