@@ -35,7 +35,7 @@ The tree::
         ├── EngineOOM                 the engine ran out of (GPU) memory on one request
         ├── EngineDead                the engine is gone and must be restarted
         │   ├── CoreKilled            (workers.engines._vllm_support) a signal ended vLLM's core under it
-        │   └── CoreDiedMidAnswer     (workers.engines._vllm_support) vLLM's core failed past its prefill
+        │   └── CoreFailedElsewhere   (workers.engines._vllm_support) vLLM's core failed on another request
         └── ContextLengthExceeded     the prompt can never fit the engine's context window
 
 A step that runs past its allotment raises nothing: it is recorded as ``timed_out`` in the run's

