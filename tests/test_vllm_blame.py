@@ -22,7 +22,7 @@ def test_a_request_past_its_prefill_is_a_bystander() -> None:
     llm = SimpleNamespace()
     track(llm, "decoding", 12, progress(3))
     track(llm, "new", 40, progress(0))
-    assert bystander_reason(llm, "decoding") == "past its prefill there: 3 token(s) generated"
+    assert bystander_reason(llm, "decoding") == "was past its prefill there (3 token(s) generated)"
     assert bystander_reason(llm, "new") is None  # the only new prompt: the suspect
 
 
@@ -32,7 +32,7 @@ def test_among_new_prompts_only_the_largest_is_a_suspect() -> None:
     track(llm, "short", 20, progress(0))
     track(llm, "tie", 1500, progress(0))
     reason = bystander_reason(llm, "short")
-    assert reason == "its 20-token prompt was not the largest new one there (1500 tokens)"
+    assert reason == "had a smaller new prompt (20 tokens) than the largest there (1500)"
     assert bystander_reason(llm, "long") is None
     assert bystander_reason(llm, "tie") is None
 

@@ -54,7 +54,7 @@ def bystander_reason(llm: Any, rid: str) -> str | None:
         setattr(llm, _SUSPECT_TOKENS, suspect)
     tokens, got = requests[rid]
     if got.completion > 0:
-        return f"past its prefill there: {got.completion} token(s) generated"
+        return f"was past its prefill there ({got.completion} token(s) generated)"
     if tokens < suspect:
-        return f"its {tokens}-token prompt was not the largest new one there ({suspect} tokens)"
+        return f"had a smaller new prompt ({tokens} tokens) than the largest there ({suspect})"
     return None
