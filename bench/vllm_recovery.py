@@ -293,7 +293,7 @@ def where_it_went(result: dict[str, float | str]) -> str:
     first = float(result["first_answer_s"])
     if result["failed"] == 0:
         return (
-            f"no request failed; death -> first answer of a request in flight (replayed) "
+            f"no client request failed; death -> first answer of a request in flight (replayed) "
             f"{float(result['first_any_s']):.2f} s, of one sent after the death {first:.2f} s"
         )
     return (
