@@ -46,6 +46,7 @@ from ..store._cluster import (
     is_cluster_transient,
     split_options,
 )
+from ..store._lean import LeanRedis, pack
 from . import _lua
 from ._driver import GRANTED, Attempt, BaseLimiter, holder_of
 from ._keys import DEFAULT_PREFIX, check_prefix, key_names, wake_channel_prefix
@@ -148,6 +149,8 @@ class RedisLimiter(BaseLimiter):
         self.cluster_retry_s = 10.0
         """How long a script call is retried while a cluster fails over (cluster mode only)."""
         self._cluster = False
+        self._lean: LeanRedis | None = None  # bare connections for the script calls (one node)
+        self._lean_ready = False
 
     @classmethod
     def from_url(
@@ -234,12 +237,36 @@ class RedisLimiter(BaseLimiter):
     async def _script(
         self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
     ) -> Any:
+        lean = self._lean if self._lean_ready else self._lean_for_client()
+        if lean is not None:
+            # The hot path: a packed EVALSHA on a bare connection. A lost connection or a
+            # NOSCRIPT falls through to the client below (its retries, its EVAL).
+            try:
+                (reply,) = await lean.call([pack("EVALSHA", _SHA[name], len(keys), *keys, *args)])
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                pass
+            else:
+                if not isinstance(reply, BaseException):
+                    return reply
+                if not isinstance(reply, NoScriptError):
+                    raise reply
         try:
             return await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
         except NoScriptError:
             # First use on this server, or it restarted / failed over / flushed its scripts.
             # EVAL runs the script and caches it, on the node that serves these keys.
             return await self._client.eval(_SCRIPTS[name], len(keys), *keys, *args)
+
+    def _lean_for_client(self) -> LeanRedis | None:
+        """Bare connections like the client's, once it is known to be one node's plain client
+        (a cluster client routes by slot; those connections do not)."""
+        if self._detect_url is not None:
+            return None  # not known yet
+        self._lean_ready = True
+        if not self._cluster and isinstance(self._client, aredis.Redis):
+            timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+            self._lean = LeanRedis(self._client, timeout_s=timeout)
+        return self._lean
 
     async def _retry_on_cluster(
         self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
@@ -392,6 +419,8 @@ class RedisLimiter(BaseLimiter):
             await asyncio.wait(list(self._background))
         await self._waker.close()
         self._client_closed = True
+        if self._lean is not None:
+            await self._lean.aclose()
         if self._owns_client:
             await close_client(self._client)
 

@@ -40,6 +40,7 @@ from ._codec import (
 from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
+from ._lean import pack
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from ._redis_client import RedisConnection, one_line
@@ -51,6 +52,7 @@ logger = logging.getLogger("chainrt.store")
 
 _SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most this often
 _SWEEP_BATCH = 500
+_COMMIT_HEAD = ("EVALSHA", SCRIPTS["commit"].sha, "2")
 
 
 class _Commit(NamedTuple):
@@ -203,29 +205,28 @@ class RedisStore(RedisConnection, CheckpointStore):
         await self._commits.submit(_Commit(run_id, token, keys, args))
 
     async def _send_commits(self, commits: list[_Commit]) -> Outcomes:
-        """Group commit's sender: one commit as one EVALSHA; several in one pipeline (one round
-        trip; each script still fenced and atomic on its own). On a cluster, or with
-        ``wait_replicas``, each goes on its own as before (their keys live in different slots)."""
-        if len(commits) == 1:
-            # Awaited here, not through gather: gather wraps it in a task, which costs two
-            # turns of the event loop on the step's critical path (one before the send, one
-            # after the reply), about 20 us a step.
-            return [await self._commit_one(commits[0])]
+        """Group commit's sender: on one node, one commit or a whole batch as packed EVALSHAs
+        on a bare connection (one round trip; each script still fenced and atomic on its own).
+        On a cluster, or with ``wait_replicas``, each goes on its own through the client (their
+        keys live in different slots; WAIT goes with each)."""
         if self.cluster is not False or self.wait_replicas:
+            if len(commits) == 1:
+                # Awaited here, not through gather: gather wraps it in a task, which costs
+                # two turns of the event loop on the step's critical path.
+                return [await self._commit_one(commits[0])]
             return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
-        script = SCRIPTS["commit"]
+        command = [pack(*_COMMIT_HEAD, *c.keys, *c.args) for c in commits]
 
         async def send() -> list[Any]:
-            for attempt in range(2):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for c in commits:
-                        pipe.execute_command("EVALSHA", script.sha, 2, *c.keys, *c.args)
-                    replies: list[Any] = await pipe.execute(raise_on_error=False)
-                if attempt or not any(isinstance(r, rx.NoScriptError) for r in replies):
-                    break
+            lean = self._fast
+            replies = await lean.call(command, len(commits))
+            if any(isinstance(r, rx.NoScriptError) for r in replies):
                 # The server lost its scripts (a restart): load, then send the batch again
                 # (the commits that did run find their own writes; each is safe to send twice).
-                await self._client.script_load(script.source)
+                (loaded,) = await lean.call([pack("SCRIPT", "LOAD", SCRIPTS["commit"].source)])
+                if isinstance(loaded, BaseException):
+                    raise loaded
+                replies = await lean.call(command, len(commits))
             return replies
 
         replies = await self._call(send, key=commits[0].keys[0])
@@ -324,8 +325,10 @@ class RedisStore(RedisConnection, CheckpointStore):
         """Close the connection pool; the store is unusable afterwards."""
         self._closed = True
         if self._loop is asyncio.get_running_loop():
+            await self._close_fast()
             await close_client(self._redis)
         else:  # its loop is gone: nothing can be awaited there; let the collector have it
+            self._lean = self._lean_of = None
             self._redis = self._new_client()
 
     def _check(self, reply: list[Any], run_id: str, token: int, *, action: str) -> None:

@@ -30,6 +30,7 @@ from ._cluster import (
     is_cluster_transient,
 )
 from ._keys import SCRIPTS
+from ._lean import LeanRedis
 
 __all__ = ["RedisConnection", "one_line"]
 
@@ -70,6 +71,8 @@ class RedisConnection:
     _redis: Any
     _loop: asyncio.AbstractEventLoop | None
     _closed: bool
+    _lean: LeanRedis | None = None
+    _lean_of: Any = None  # the client _lean was built from (a new loop gets a new client)
 
     def _new_client(self) -> Any:
         # redis-py's own retries are off: _call retries with one deadline for the whole call.
@@ -141,6 +144,20 @@ class RedisConnection:
                 self._redis = self._new_client()
             self._loop = loop
         return self._redis
+
+    @property
+    def _fast(self) -> LeanRedis:
+        """Bare connections of the running loop's client, for the commit hot path (one node
+        only: a cluster client routes by slot, which these connections do not)."""
+        client = self._client
+        if self._lean is None or self._lean_of is not client:
+            self._lean, self._lean_of = LeanRedis(client, timeout_s=self._socket_timeout_s), client
+        return self._lean
+
+    async def _close_fast(self) -> None:
+        lean, self._lean, self._lean_of = self._lean, None, None
+        if lean is not None:
+            await lean.aclose()
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
         script = SCRIPTS[name]

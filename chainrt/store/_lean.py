@@ -1,0 +1,112 @@
+"""Hot-path Redis calls on bare connections: no redis-py command layer around them.
+
+A durable step costs one ``EVALSHA`` (the store's commit script), a concurrency-key pair two. Sent
+through ``redis.asyncio.Redis`` each call also pays the pool's lock and health probe, the retry
+wrapper, the observability hooks, argument encoding and, with a socket timeout, an
+``asyncio.wait_for`` (a task) around every write: on a 2-CPU machine about as much Python as the
+round trip itself. :class:`LeanRedis` sends a command packed once (:func:`pack`) on a connection
+of its own and reads the reply with the same connection class and parser as the client, so URL
+options (password, db, TLS, protocol) and error types are the client's.
+
+Connections are used by one call at a time: a call takes an idle one (or opens a new one) and
+gives it back after its replies are read. A call that fails in any way other than a Redis error
+reply (a lost connection, a timeout, a cancellation) closes its connection: no later call reads
+a reply meant for another. Nothing here retries: the callers do (their scripts are idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+__all__ = ["LeanRedis", "pack"]
+
+
+def pack(*args: bytes | str | int | float) -> bytes:
+    """``args`` as one RESP command, ready to write.
+
+    Strings are UTF-8; numbers as ``repr`` (as redis-py encodes them); bytes as they are.
+    """
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytes):
+            data = arg
+        else:
+            data = _other(arg)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _other(arg: object) -> bytes:
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, bytes | bytearray | memoryview):
+        return bytes(arg)
+    if isinstance(arg, int | float) and not isinstance(arg, bool):
+        return repr(arg).encode()
+    raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+
+
+class LeanRedis:
+    """Commands on bare connections built like ``client``'s (a ``redis.asyncio.Redis``).
+
+    ``timeout_s`` bounds one call (connect, write and every reply) with one ``asyncio.timeout``;
+    None: no bound (the caller's own deadline ends a stuck call). Bound to the event loop it is
+    first used on, like the client.
+    """
+
+    def __init__(self, client: Any, *, timeout_s: float | None) -> None:
+        pool = client.connection_pool
+        self._class = pool.connection_class
+        # The call's timeout replaces the connection's socket timeout (which redis-py enforces
+        # with a wait_for per write and a timeout context per read).
+        self._kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        self._timeout_s = timeout_s
+        self._idle: list[Any] = []
+        self._closed = False
+
+    async def call(self, command: list[bytes], replies: int = 1) -> list[Any]:
+        """Write ``command`` (commands packed by :func:`pack`, in order) and read ``replies``
+        replies. A Redis error reply comes back in its place as a ``ResponseError``; any other
+        failure raises (redis-py's ConnectionError, or TimeoutError past ``timeout_s``)."""
+        if self._closed:
+            raise RuntimeError("LeanRedis is closed")
+        conn = self._idle.pop() if self._idle else self._class(**self._kwargs)
+        done = False
+        try:
+            if self._timeout_s is None:
+                out = await _exchange(conn, command, replies)
+            else:
+                async with asyncio.timeout(self._timeout_s):
+                    out = await _exchange(conn, command, replies)
+            done = True
+        finally:
+            if done and not self._closed:
+                self._idle.append(conn)
+            else:  # its state is unknown (a reply may still be on the way): never reuse it
+                await conn.disconnect(nowait=True)
+        return out
+
+    async def aclose(self) -> None:
+        """Close every idle connection; calls after this raise."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect(nowait=True)
+
+
+async def _exchange(conn: Any, command: list[bytes], replies: int) -> list[Any]:
+    if not conn.is_connected:
+        await conn.connect()
+    await conn.send_packed_command(command, check_health=False)
+    out: list[Any] = []
+    for _ in range(replies):
+        try:
+            out.append(await conn.read_response())
+        except ResponseError as exc:  # a whole error reply was read: the connection is fine
+            out.append(exc)
+    return out
