@@ -46,7 +46,7 @@ from ..store._cluster import (
     is_cluster_transient,
     split_options,
 )
-from ..store._lean import LeanRedis, pack
+from ..store._lean import LeanRedis, pack, pack_args
 from . import _lua
 from ._driver import GRANTED, Attempt, BaseLimiter, holder_of
 from ._keys import DEFAULT_PREFIX, check_prefix, key_names, wake_channel_prefix
@@ -87,18 +87,41 @@ class _Call:
     try_args: tuple[bytes, ...]
     forget_keys: tuple[bytes, ...]
     forget_args: tuple[bytes, ...]
+    try_wire: tuple[bytes, bytes]
+    """The packed EVALSHA of TRY before and after its member (the bare-connection path)."""
+    forget_wire: tuple[bytes, bytes]
+    """The packed EVALSHA of FORGET before and after its member and undo flag."""
 
     @classmethod
     def build(cls, req: KeyRequest, prefix: str, ttl_ms: float, chan: str) -> _Call:
         names = key_names(prefix, req.key)
         interval = 0.0 if req.rate_per_s is None else 1000.0 / req.rate_per_s
         limit, ttl = str(req.limit).encode(), repr(ttl_ms).encode()
+        try_keys = tuple(n.encode() for n in (*names[:4], names.undone))
+        try_args = (limit, ttl, repr(interval).encode(), str(req.burst).encode(), chan.encode())
+        forget_keys = tuple(n.encode() for n in (*names[:3], names.undone))
+        forget_args = (limit, b"0" if req.rate_per_s is None else b"1", chan.encode(), ttl)
         return cls(
-            try_keys=tuple(n.encode() for n in (*names[:4], names.undone)),
-            try_args=(limit, ttl, repr(interval).encode(), str(req.burst).encode(), chan.encode()),
-            forget_keys=tuple(n.encode() for n in (*names[:3], names.undone)),
-            forget_args=(limit, b"0" if req.rate_per_s is None else b"1", chan.encode(), ttl),
+            try_keys=try_keys,
+            try_args=try_args,
+            forget_keys=forget_keys,
+            forget_args=forget_args,
+            try_wire=_wire("TRY", try_keys, 1, try_args),
+            forget_wire=_wire("FORGET", forget_keys, 2, forget_args),
         )
+
+
+def _wire(
+    name: str, keys: tuple[bytes, ...], middle: int, tail: tuple[bytes, ...]
+) -> tuple[bytes, bytes]:
+    """An EVALSHA of script ``name`` packed around ``middle`` arguments given per call."""
+    count = 3 + len(keys) + middle + len(tail)
+    head = b"*%d\r\n" % count + pack_args((b"EVALSHA", _SHA[name], str(len(keys)), *keys))
+    return head, pack_args(tail)
+
+
+def _around(wire: tuple[bytes, bytes], *middle: bytes) -> bytes:
+    return wire[0] + pack_args(middle) + wire[1]
 
 
 def _text(value: bytes | str) -> str:
@@ -202,7 +225,11 @@ class RedisLimiter(BaseLimiter):
     # ------------------------------------------------------------------ script calls
 
     async def _eval(
-        self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
+        self,
+        name: str,
+        keys: Sequence[str | bytes],
+        args: Sequence[str | bytes | int | float],
+        wire: bytes | None = None,
     ) -> Any:
         task = asyncio.current_task()
         pending = task.cancelling() if task is not None else 0
@@ -210,7 +237,7 @@ class RedisLimiter(BaseLimiter):
             if self._detect_url is not None:
                 await self._detect(self._detect_url)
             try:
-                result = await self._script(name, keys, args)
+                result = await self._script(name, keys, args, wire)
             except Exception as exc:
                 if not (self._cluster and _retry_on_cluster(exc)):
                     raise
@@ -235,14 +262,21 @@ class RedisLimiter(BaseLimiter):
         return result
 
     async def _script(
-        self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
+        self,
+        name: str,
+        keys: Sequence[str | bytes],
+        args: Sequence[str | bytes | int | float],
+        wire: bytes | None = None,
     ) -> Any:
+        """One script call; ``wire``: the same call already packed (see ``_Call``)."""
         lean = self._lean if self._lean_ready else self._lean_for_client()
         if lean is not None:
             # The hot path: a packed EVALSHA on a bare connection. A lost connection or a
             # NOSCRIPT falls through to the client below (its retries, its EVAL).
             try:
-                (reply,) = await lean.call([pack("EVALSHA", _SHA[name], len(keys), *keys, *args)])
+                if wire is None:
+                    wire = pack("EVALSHA", _SHA[name], len(keys), *keys, *args)
+                (reply,) = await lean.call([wire])
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 pass
             else:
@@ -301,8 +335,9 @@ class RedisLimiter(BaseLimiter):
         # Awaited directly (no task: this is the hot path). If the caller is cancelled now, the
         # call may still land; the undo that follows either removes what it did or, arriving
         # first, marks the member so that it does nothing (see FORGET).
+        who = member.encode()
         status, hint_ms, ahead, held = await self._eval(
-            "TRY", call.try_keys, (member.encode(), *call.try_args)
+            "TRY", call.try_keys, (who, *call.try_args), _around(call.try_wire, who)
         )
         if status == 1:
             self._track(req, member)
@@ -326,7 +361,8 @@ class RedisLimiter(BaseLimiter):
         for req in requests:
             call = self._call(req)
             try:
-                await self._eval("FORGET", call.forget_keys, (*head, *call.forget_args))
+                wire = _around(call.forget_wire, *head)
+                await self._eval("FORGET", call.forget_keys, (*head, *call.forget_args), wire)
             except Exception as exc:  # never raise from a release; the lease lapses by itself
                 _log.warning(
                     "could not release concurrency key %r of %s (%s); its lease lapses within %gs",

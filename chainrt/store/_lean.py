@@ -16,12 +16,14 @@ a reply meant for another. Nothing here retries: the callers do (their scripts a
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-__all__ = ["LeanRedis", "pack"]
+from ._watchdog import Watchdog
+
+__all__ = ["LeanRedis", "pack", "pack_args"]
 
 
 def pack(*args: bytes | str | int | float) -> bytes:
@@ -29,7 +31,13 @@ def pack(*args: bytes | str | int | float) -> bytes:
 
     Strings are UTF-8; numbers as ``repr`` (as redis-py encodes them); bytes as they are.
     """
-    parts = [b"*%d\r\n" % len(args)]
+    return b"*%d\r\n%s" % (len(args), pack_args(args))
+
+
+def pack_args(args: Iterable[bytes | str | int | float]) -> bytes:
+    """The RESP encoding of ``args`` without the array header: for parts of a command packed
+    once and reused (``b"*%d\r\n" % count`` + its parts, in order, is the command)."""
+    parts = []
     for arg in args:
         if isinstance(arg, str):
             data = arg.encode()
@@ -54,8 +62,8 @@ def _other(arg: object) -> bytes:
 class LeanRedis:
     """Commands on bare connections built like ``client``'s (a ``redis.asyncio.Redis``).
 
-    ``timeout_s`` bounds one call (connect, write and every reply) with one ``asyncio.timeout``;
-    None: no bound (the caller's own deadline ends a stuck call). Bound to the event loop it is
+    ``timeout_s`` bounds one call (connect, write and every reply; one timer for all calls, see
+    :mod:`._watchdog`); None: no bound (the caller's own deadline ends a stuck call). Bound to the event loop it is
     first used on, like the client.
     """
 
@@ -65,7 +73,7 @@ class LeanRedis:
         # The call's timeout replaces the connection's socket timeout (which redis-py enforces
         # with a wait_for per write and a timeout context per read).
         self._kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-        self._timeout_s = timeout_s
+        self._watchdog = None if timeout_s is None else Watchdog(timeout_s)
         self._idle: list[Any] = []
         self._closed = False
 
@@ -78,11 +86,10 @@ class LeanRedis:
         conn = self._idle.pop() if self._idle else self._class(**self._kwargs)
         done = False
         try:
-            if self._timeout_s is None:
+            if self._watchdog is None:
                 out = await _exchange(conn, command, replies)
             else:
-                async with asyncio.timeout(self._timeout_s):
-                    out = await _exchange(conn, command, replies)
+                out = await self._watchdog.run(_exchange(conn, command, replies))
             done = True
         finally:
             if done and not self._closed:
@@ -94,6 +101,8 @@ class LeanRedis:
     async def aclose(self) -> None:
         """Close every idle connection; calls after this raise."""
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect(nowait=True)

@@ -40,7 +40,7 @@ from ._codec import (
 from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
-from ._lean import pack
+from ._lean import pack, pack_args
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from ._redis_client import RedisConnection, one_line
@@ -52,7 +52,8 @@ logger = logging.getLogger("chainrt.store")
 
 _SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most this often
 _SWEEP_BATCH = 500
-_COMMIT_HEAD = ("EVALSHA", SCRIPTS["commit"].sha, "2")
+# EVALSHA of the commit script with its 2 keys and 11 arguments: the fixed part, packed once.
+_COMMIT_HEAD = b"*16\r\n" + pack_args(("EVALSHA", SCRIPTS["commit"].sha, "2"))
 
 
 class _Commit(NamedTuple):
@@ -215,7 +216,7 @@ class RedisStore(RedisConnection, CheckpointStore):
                 # two turns of the event loop on the step's critical path.
                 return [await self._commit_one(commits[0])]
             return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
-        command = [pack(*_COMMIT_HEAD, *c.keys, *c.args) for c in commits]
+        command = [_COMMIT_HEAD + pack_args((*c.keys, *c.args)) for c in commits]
 
         async def send() -> list[Any]:
             lean = self._fast

@@ -1,0 +1,56 @@
+"""One timer for many same-length deadlines (chainrt.store._watchdog): every call is bounded,
+also those that start after the timer was set, and a cancellation from elsewhere stays one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from chainrt.store._watchdog import Watchdog
+
+BOUND_S = 0.2
+
+
+async def test_a_call_that_outlives_its_bound_times_out_and_the_others_finish() -> None:
+    dog = Watchdog(BOUND_S)
+
+    async def quick() -> str:
+        return await dog.run(asyncio.sleep(0.01, "quick"))
+
+    async def stuck(delay: float) -> float:
+        await asyncio.sleep(delay)  # starts while the timer is set for an earlier call
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await dog.run(asyncio.sleep(60))
+        return time.monotonic() - started
+
+    async with asyncio.timeout(10):  # a watchdog that never fires fails here, not by hanging
+        results = await asyncio.gather(quick(), stuck(0.05), stuck(0.1), quick())
+    assert results[0] == results[3] == "quick"
+    assert min(results[1], results[2]) >= BOUND_S  # timers never fire early
+    assert dog._running == {}
+    dog.stop()
+
+
+async def test_a_cancellation_from_elsewhere_is_not_a_timeout() -> None:
+    dog = Watchdog(BOUND_S)
+    task = asyncio.create_task(dog.run(asyncio.sleep(60)))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # and the timer, still set for that call, fires on nothing and stops
+    await asyncio.sleep(BOUND_S + 0.05)
+    assert dog._timer is None
+
+
+async def test_a_timed_out_task_can_go_on_awaiting() -> None:
+    dog = Watchdog(BOUND_S)
+    with pytest.raises(TimeoutError):
+        await dog.run(asyncio.sleep(60))
+    # the cancellation was taken back (uncancel): the task is not cancelled again later
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert await dog.run(asyncio.sleep(0.01, "after")) == "after"
+    dog.stop()
