@@ -235,12 +235,8 @@ async def _mode(
 
 async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[str]:
     await get_local_engine().start()  # load the fallback model before the clock starts
-    for worker in workers:
-        worker.faults(error_rate=args.error_rate)
-    if args.scenario == "hung":
-        workers[1].faults(hang=True)
-    primaries, backup = workers[:2], (workers[2] if len(workers) > 2 else None)
-    capacity = await measure(primaries[0].base, f"Step a: {QUESTION}", 8)
+    # Capacity first, before any fault is armed: what the healthy engines answer.
+    capacity = await measure(workers[0].base, f"Step a: {QUESTION}", 8)
     print(capacity.describe(), flush=True)
     print(
         headroom(
@@ -251,6 +247,11 @@ async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[st
         ),
         flush=True,
     )
+    for worker in workers:
+        worker.faults(error_rate=args.error_rate)
+    if args.scenario == "hung":
+        workers[1].faults(hang=True)
+    primaries, backup = workers[:2], (workers[2] if len(workers) > 2 else None)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes.split(","):
