@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/reload.py [--clients 4] [--seconds 20] [--episodes 3] [--sham]
     python bench/reload.py --engine torch --random-model     # a GPU host (or slowly, the CPU)
+    python bench/reload.py --engine torch --random-model --episodes 6 --sham --prompts 4
 
 Starts a real worker (``--served-model-name v1 --admin-token ...``), runs ``--clients`` threads
 each sending chat requests back to back with the official ``openai`` client, polls
@@ -20,6 +21,16 @@ to the same number of requests (the last ones before, the first ones after). Pri
 n, p50, p99 and the p99 change; at the end the median of the episodes' p99 changes, the p99 of all
 reload episodes' windows pooled, the failures, the readiness answers that were not 200, which model
 answered after each swap and the reloads' own timing. Figures are what this machine did in this run.
+
+One 10-second window's p99 is about its largest request, so one episode's change says little. With
+``--sham`` the summary also pools the windows of all reload episodes and of all control episodes
+(each side then holds hundreds of requests) and gives each pooled change a 95 % bootstrap interval
+over episodes (``bench/_reload_stats.py``); and "around the swap" compares the requests that
+ended from a reload's ask until ``--around`` seconds after its answer (those in flight across it
+included) with the requests that ended in the same stretch after a control's midpoint, pooled,
+with its own interval: the reload's cost read against what the same moment costs with no reload.
+``--prompts N`` makes the clients cycle through N prompts of different lengths (the shapes a
+reload's warm-up has to cover), client ``i`` starting at prompt ``i``.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import httpx  # noqa: E402
+from _reload_stats import Pair, bootstrap, change, pooled_change, quantiles, ratio  # noqa: E402
 from _workers import BenchWorker  # noqa: E402
 from openai import OpenAI  # noqa: E402
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
@@ -60,12 +72,21 @@ class Seen:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def client_loop(base: str, seen: Seen, max_tokens: int) -> None:
-    """Ask back to back until told to stop."""
-    ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a color."}]
+def prompt(number: int) -> str:
+    """The ``number``-th prompt (0: "Name a color."; each next one 10 characters longer)."""
+    return "Name a color." + " Be brief." * number
+
+
+def client_loop(base: str, seen: Seen, max_tokens: int, prompts: int, first: int) -> None:
+    """Ask back to back until told to stop, cycling through ``prompts`` prompts from ``first``."""
+    asks: list[list[ChatCompletionMessageParam]] = [
+        [{"role": "user", "content": prompt(n)}] for n in range(prompts)
+    ]
+    turn = first
     with OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120) as client:
         while not seen.stop.is_set():
             started = time.monotonic()
+            ask, turn = asks[turn % prompts], turn + 1
             try:
                 answer = client.chat.completions.create(
                     model="v1",
@@ -87,19 +108,6 @@ def poll_ready(base: str, seen: Seen) -> None:
             if http.get("/health/ready").status_code != 200:
                 seen.not_ready += 1
             time.sleep(0.05)
-
-
-def p99(latencies: list[float]) -> float:
-    """The 99th percentile (inclusive method: with few samples, close to the largest)."""
-    return statistics.quantiles(latencies, n=100, method="inclusive")[98]
-
-
-def quantiles(latencies: list[float]) -> str:
-    """``n=…, p50=… ms, p99=… ms``."""
-    if len(latencies) < 2:
-        return f"n={len(latencies)} (too few for percentiles)"
-    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
-    return f"n={len(latencies)}, p50={cuts[49] * 1000:.0f} ms, p99={cuts[98] * 1000:.0f} ms"
 
 
 @dataclass
@@ -136,12 +144,11 @@ class Episode:
             {model for _, _, model in after},
         )
 
-
-def change(before: list[float], after: list[float]) -> float | None:
-    """The p99 change after/before in percent (None with fewer than 2 requests a side)."""
-    if len(before) < 2 or len(after) < 2:
-        return None
-    return 100 * (p99(after) / p99(before) - 1)
+    def around(self, seen: Seen, seconds: float) -> list[float]:
+        """Latencies of the requests that ended from the moment the reload was asked for until
+        ``seconds`` after it answered (a sham: after the same instant): every request the reload
+        could have slowed, those in flight across it included."""
+        return [e - s for s, e, _ in seen.answers if self.asked <= e <= self.swapped + seconds]
 
 
 def run_episode(base: str, kind: str, half: float, model: str, name: str) -> Episode:
@@ -163,12 +170,13 @@ def run_episode(base: str, kind: str, half: float, model: str, name: str) -> Epi
     return episode
 
 
-def report(episodes: list[Episode], seen: Seen) -> bool:
+def report(episodes: list[Episode], seen: Seen, around: float) -> bool:
     """Print every episode and the summary; True when every reload answered 200 and every
     request after it was answered by the new model."""
     ok = True
     changes: dict[str, list[float]] = {"reload": [], "sham": []}
-    pooled: list[list[float]] = [[], []]
+    pairs: dict[str, list[Pair]] = {"reload": [], "sham": []}
+    arounds: dict[str, list[list[float]]] = {"reload": [], "sham": []}
     for number, episode in enumerate(episodes, 1):
         before, after, models = episode.windows(seen)
         moved = change(before, after)
@@ -177,17 +185,17 @@ def report(episodes: list[Episode], seen: Seen) -> bool:
             changes[episode.kind].append(moved)
             line += f"; p99 {moved:+.1f} %"
         print(line)
+        pairs[episode.kind].append((before, after))
+        arounds[episode.kind].append(episode.around(seen, around))
         if episode.kind == "reload":
-            pooled[0] += before
-            pooled[1] += after
             print(
                 f"  reload to {episode.name}: HTTP {episode.status} in "
                 f"{episode.swapped - episode.asked:.2f} s: {_short(episode.answer)}; "
                 f"{_across(episode, seen)}; answered after by {', '.join(sorted(models))}"
             )
+            ok = ok and episode.status == 200 and models == {episode.name}
         else:
             print(f"  {_across(episode, seen)}")
-            ok = ok and episode.status == 200 and models == {episode.name}
     for kind, label in (("reload", "reload episodes"), ("sham", "control (no reload)")):
         if changes[kind]:
             listed = ", ".join(f"{c:+.1f}" for c in changes[kind])
@@ -195,12 +203,46 @@ def report(episodes: list[Episode], seen: Seen) -> bool:
                 f"{label}: median p99 change {statistics.median(changes[kind]):+.1f} % "
                 f"(episodes: {listed})"
             )
-    if len(pooled[0]) > 1:
-        print(
-            f"reload episodes pooled: before {quantiles(pooled[0])}; after {quantiles(pooled[1])}"
-            f"; p99 {change(pooled[0], pooled[1]) or 0.0:+.1f} %"
-        )
+    for kind, label in (("reload", "reload episodes"), ("sham", "control episodes")):
+        _pooled(label, pairs[kind])
+    _around(arounds, around)
     return ok
+
+
+def _pooled(label: str, pairs: list[Pair]) -> None:
+    """The windows of all episodes of one kind pooled, with a bootstrap interval over episodes."""
+    if len(pairs) < 1 or sum(len(b) for b, _ in pairs) < 2:
+        return
+    before = [x for b, _ in pairs for x in b]
+    after = [x for _, a in pairs for x in a]
+    interval = bootstrap(lambda picks: pooled_change([pairs[i] for i in picks]), len(pairs))
+    spread = f" (95 % bootstrap over episodes {interval[0]:+.1f} .. {interval[1]:+.1f} %)" \
+        if interval else ""  # fmt: skip
+    print(
+        f"{label} pooled: before {quantiles(before)}; after {quantiles(after)}"
+        f"; p99 {pooled_change(pairs) or 0.0:+.1f} %{spread}"
+    )
+
+
+def _around(arounds: dict[str, list[list[float]]], seconds: float) -> None:
+    """Requests ending around the reload against those ending around a control's instant."""
+    tested, control = arounds["reload"], arounds["sham"]
+    if not tested or not control:
+        return
+    moved = ratio(tested, control)
+    if moved is None:
+        return
+    count = min(len(tested), len(control))
+    interval = bootstrap(
+        lambda picks: ratio([tested[i] for i in picks], [control[i] for i in picks]), count
+    )
+    spread = f" (95 % bootstrap over episodes {interval[0]:+.1f} .. {interval[1]:+.1f} %)" \
+        if interval else ""  # fmt: skip
+    print(
+        f"around the swap (requests ending from the ask to {seconds:g} s after the answer): "
+        f"reload {quantiles([x for w in tested for x in w])}; "
+        f"control {quantiles([x for w in control for x in w])}; p99 {moved:+.1f} %{spread}"
+    )
 
 
 def _across(episode: Episode, seen: Seen) -> str:
@@ -230,6 +272,12 @@ def main() -> int:
     parser.add_argument("--sham", action="store_true", help="a control episode before each")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load not counted")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument(
+        "--prompts", type=int, default=1, help="distinct prompt lengths the clients cycle through"
+    )
+    parser.add_argument(
+        "--around", type=float, default=2.0, help="seconds after a swap its window covers"
+    )
     parser.add_argument("--engine", choices=["local", "torch"], default="local")
     parser.add_argument(
         "--random-model", action="store_true", help="torch: serve a random-weights Llama built here"
@@ -258,8 +306,11 @@ def main() -> int:
     try:
         worker.start()
         threads = [
-            threading.Thread(target=client_loop, args=(worker.base, seen, args.max_tokens))
-            for _ in range(args.clients)
+            threading.Thread(
+                target=client_loop,
+                args=(worker.base, seen, args.max_tokens, args.prompts, number),
+            )
+            for number in range(args.clients)
         ]
         threads.append(threading.Thread(target=poll_ready, args=(worker.base, seen)))
         for thread in threads:
@@ -281,9 +332,10 @@ def main() -> int:
     print(
         f"engine={args.engine} clients={args.clients} seconds={args.seconds} "
         f"episodes={args.episodes} sham={args.sham} max_tokens={args.max_tokens} "
+        f"prompts={args.prompts} "
         f"requests={len(seen.answers)}"
     )
-    ok = report(episodes, seen)
+    ok = report(episodes, seen, args.around)
     print(f"failed requests: {len(seen.failures)}")
     for failure in seen.failures[:5]:
         print(f"  {failure}")
