@@ -10,6 +10,10 @@ Builds the random-weights Llama of ``bench/gpu_oom.py`` and, with the torch engi
    same request ``--requests`` times, one at a time, nothing else running (is its first real
    request slower: a warm-up cost?);
 3. ``first after warm_like``: the same with ``warm_like(serving engine)`` after the probe;
+   then a prompt length no engine met, three times on the warm serving engine; then, with cuDNN
+   attention turned on (``TorchEngine(cudnn_attention=True)``; the engines above run with the
+   default, off), a third engine's first requests after the probe, a new prompt length and its
+   warm latency;
 4. ``two engines at once``: 4 requests on each of two engines at the same time vs 8 on one
    (the drain right after a swap, when old and new engine both run);
 5. the old engine's teardown, each piece timed alone (thread stop, dropping the model, the
@@ -55,6 +59,16 @@ def ask(max_tokens: int) -> GenerationRequest:
     """The bench's request (``bench/reload.py``'s clients)."""
     return GenerationRequest(
         messages=[ChatMessage("user", "Name a color.")], max_tokens=max_tokens, temperature=0.0
+    )
+
+
+def other_ask(max_tokens: int, variant: int) -> GenerationRequest:
+    """A request whose prompt length no engine met before (``variant`` picks one)."""
+    words = " ".join(["again"] * (3 + 4 * variant))
+    return GenerationRequest(
+        messages=[ChatMessage("user", f"Name a color, {words}.")],
+        max_tokens=max_tokens,
+        temperature=0.0,
     )
 
 
@@ -120,6 +134,9 @@ async def main_async(args: argparse.Namespace) -> None:
     """Run the measurements in order."""
     import torch
 
+    backends: Any = torch.backends  # some of its functions are untyped
+    print(f"torch {torch.__version__}, cuDNN {backends.cudnn.version()}, "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA'}")  # fmt: skip
     folder = Path(tempfile.mkdtemp(prefix="chainrt-pieces-"))
     try:
         first = build_random_model(folder / "v1")
@@ -154,7 +171,29 @@ async def main_async(args: argparse.Namespace) -> None:
         await warm.warm_like(old)
         warmed = time.perf_counter() - started
         warm_runs = [await timed(warm, request) for _ in range(args.requests)]
-        print(f"first after warm_like ({warmed * 1000:.1f} ms): {ms(warm_runs)} ms")
+        print(f"first after warm_like ({warmed * 1000:.1f} ms, warmed shapes "
+              f"{list(old.recent_shapes)}): {ms(warm_runs)} ms")  # fmt: skip
+
+        # A prompt length neither engine met: does a warm engine pay a first-time cost too?
+        fresh_length = [await timed(old, other_ask(args.max_tokens, 1)) for _ in range(3)]
+        print(f"a new prompt length on the warm serving engine: {ms(fresh_length)} ms")
+
+        print(f"cuDNN attention enabled: {backends.cuda.cudnn_sdp_enabled()}; a third "
+              "engine with cudnn_attention=True (turns it on in the process):")  # fmt: skip
+        other = TorchEngine(copies[2], model_name="v4", cudnn_attention=True)
+        try:
+            await other.start()
+            await probe_engine(other, 10)
+            other_runs = [await timed(other, request) for _ in range(args.requests)]
+            print(f"  first after probe, cuDNN attention on: {ms(other_runs)} ms")
+            again = [await timed(other, other_ask(args.max_tokens, 2)) for _ in range(3)]
+            print(f"  a new prompt length, cuDNN attention on: {ms(again)} ms")
+            base_on = [await timed(other, request) for _ in range(20)]
+            print(f"  warm, cuDNN attention on: median {statistics.median(base_on) * 1000:.1f}"
+                  f" ms, max {max(base_on) * 1000:.1f} ms")  # fmt: skip
+        finally:
+            await other.close()
+            torch.backends.cuda.enable_cudnn_sdp(False)  # the other engines' setting again
 
         started = time.perf_counter()
         await asyncio.gather(*(timed(old, request) for _ in range(8)))

@@ -33,6 +33,7 @@ import gc
 import os
 import time
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
 from ._threaded import ThreadedEngine
 from ._torch_constrain import JsonConstraint, build_lltokenizer, compile_grammar
-from ._torch_decode import DecodeJob, decode, is_oom
+from ._torch_decode import DecodeJob, decode, is_oom, warm_shape
 
 __all__ = ["TorchEngine"]
 
@@ -62,6 +63,8 @@ WARM_MAX_TOKENS = 16
 """Tokens a warm-up generation may make at most (the last request's ``max_tokens`` if fewer)."""
 WARM_SECONDS = 2.0
 """Deadline of one warm-up generation: it delays the swap by at most about this."""
+WARM_SHAPES = 8
+"""How many of the serving engine's most recent distinct prompt lengths a reload warms."""
 
 
 class TorchEngine(ThreadedEngine):
@@ -78,13 +81,19 @@ class TorchEngine(ThreadedEngine):
         device: str | None = None,
         dtype: str | None = None,
         max_model_len: int = 2048,
+        cudnn_attention: bool = False,
     ) -> None:
         """Configure (nothing loads until :meth:`start`).
 
         ``model`` is an HF model directory (None: the cached SmolLM2 conversion). ``device``
         defaults to ``cuda`` when available, else ``cpu``; ``dtype`` to bfloat16 on CUDA and
         float32 on CPU. ``max_model_len`` caps prompt + completion tokens (and the model's own
-        ``max_position_embeddings`` caps it further).
+        ``max_position_embeddings`` caps it further). ``cudnn_attention`` (CUDA only) lets
+        PyTorch pick cuDNN for ``scaled_dot_product_attention``; off by default, process-wide,
+        set at each load (the last engine loaded decides): cuDNN builds a graph for every new
+        prompt length on every new thread, ~0.48 s each on the H200 (``bench/reload_pieces.py``),
+        which a hot reload's new engine and any unseen prompt length then pay; without it
+        PyTorch uses its flash / memory-efficient kernels, which need no such build.
         """
         if max_model_len < 16:
             raise WorkerError(f"{max_model_len=} must be at least 16 tokens")
@@ -94,6 +103,7 @@ class TorchEngine(ThreadedEngine):
         self._device_arg = device
         self._dtype_arg = dtype
         self._max_model_len = max_model_len
+        self._cudnn_attention = cudnn_attention
         self._torch: Any = None
         self._model: Any = None
         self._tokenizer: PromptTokenizer | None = None
@@ -111,6 +121,12 @@ class TorchEngine(ThreadedEngine):
         """``time.monotonic()`` when the last out-of-memory error was caught."""
         self.last_oom_error: str | None = None
         """The text of the last out-of-memory error (torch's own message, first line)."""
+        self._shapes: OrderedDict[int, int] = OrderedDict()
+        self.recent_shapes: tuple[tuple[int, int], ...] = ()
+        """``(prompt tokens, most tokens generated after it)`` of the last ``WARM_SHAPES``
+        distinct prompt lengths served, oldest first (set by the GPU thread, read by a reload's
+        :meth:`warm_like`)."""
+        self._warm_plan: tuple[tuple[int, int], ...] = ()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -130,24 +146,37 @@ class TorchEngine(ThreadedEngine):
             ) from exc
 
     async def warm_like(self, serving: Engine) -> None:
-        """Before a hot reload's swap: run the serving engine's last request here, a few times.
+        """Before a hot reload's swap: run what the serving engine ran lately, here.
 
-        The readiness probe alone leaves the new engine's first real request slow: on the H200
-        it took 0.34-0.52 s instead of 0.04-0.08 s; profiled, 0.41 of 0.50 s inside 64
-        ``scaled_dot_product_attention`` calls (cProfile, ``bench/reload_pieces.py --profile``).
-        The new engine runs on a new thread, and PyTorch keeps cuDNN's attention graphs in a
-        ``thread_local`` cache keyed by the shapes (``aten/src/ATen/native/cudnn/MHA.cpp``), so
-        every prompt and KV length the old engine's thread had met is likely cold again (not
-        confirmed with cuDNN attention turned off). A short
-        generation of the clients' last request shape (at most ``WARM_MAX_TOKENS`` tokens,
-        ``WARM_SECONDS`` each) pays that before any client waits on it; other lengths stay
-        cold until first used. No fault injection applies and ``last_request`` keeps pointing
-        at client traffic.
+        With cuDNN attention on (``cudnn_attention=True``) the readiness probe alone leaves the
+        new engine's first real request slow: on the H200 it took 0.34-0.56 s instead of
+        0.04-0.08 s, inside ``scaled_dot_product_attention`` (cProfile,
+        ``bench/reload_pieces.py --profile``): PyTorch keeps cuDNN's attention graphs in a
+        ``thread_local`` cache keyed by the shapes (``aten/src/ATen/native/cudnn/MHA.cpp``) and
+        the new engine runs on a new thread. With it off (the default) that cost is gone; the
+        warm-up still runs the shapes once, so nothing first-time is left for a client.
+
+        Two steps: (1) within ``WARM_SECONDS`` in all, every prompt length in the serving
+        engine's :attr:`recent_shapes` (up to ``WARM_SHAPES``), prefilled and decoded for as many
+        tokens as were generated after it (at most ``WARM_MAX_TOKENS``): the attention shapes
+        serving met, whatever the prompts were; (2) the serving engine's last request itself,
+        ``WARM_RUNS`` times, ``WARM_SECONDS`` each (tokenizer, chat template, sampling). The GPU
+        work ends (a device synchronisation) before this returns, so none of it overlaps the
+        first requests after the swap. Lengths not met lately stay cold until first used. No fault injection applies
+        and ``last_request`` / ``recent_shapes`` keep describing client traffic only.
         """
+        shapes = serving.recent_shapes if isinstance(serving, TorchEngine) else ()
         last = serving.last_request if isinstance(serving, ThreadedEngine) else None
-        if last is None or (last.messages is None and last.prompt is None):
+        if last is not None and last.messages is None and last.prompt is None:
+            last = None
+        if not shapes and last is None:
             return
         await self.start()
+        if shapes:
+            self._warm_plan = shapes
+            await self.submit_and_wait("warm-shapes")
+        if last is None:
+            return
         for _ in range(WARM_RUNS):
             warm = dataclasses.replace(
                 last,
@@ -188,6 +217,8 @@ class TorchEngine(ThreadedEngine):
         except (OSError, ValueError) as exc:
             raise WorkerError(f"cannot load the model in {model_dir}: {exc}") from exc
         tokens.load()
+        if device.startswith("cuda"):
+            torch.backends.cuda.enable_cudnn_sdp(self._cudnn_attention)
         self._model = model.to(device).eval()
         self._torch = torch
         self._facts = ModelFacts.from_config(model.config.to_dict())
@@ -289,6 +320,8 @@ class TorchEngine(ThreadedEngine):
         try:
             if job.kind == "probe":
                 self._free_cached()
+            if job.kind == "warm-shapes":
+                return self._warm_shapes()
             return self._generate(job)
         except WorkerError as exc:
             return exc
@@ -312,6 +345,31 @@ class TorchEngine(ThreadedEngine):
             f"{request.request_id if request and request.request_id else '?'} ({oom}); "
             "only this request failed, retry it or lower max_tokens"
         )
+
+    def _warm_shapes(self) -> StreamDelta:
+        """Prefill and decode each planned shape once (GPU thread); then wait for the device."""
+        plan, self._warm_plan = self._warm_plan, ()
+        if self._model is None:
+            raise EngineDead("the torch engine has no model loaded")
+        deadline = time.monotonic() + WARM_SECONDS
+        for prompt_tokens, generated in reversed(plan):  # the most recent first
+            if time.monotonic() >= deadline:
+                break
+            # A prompt whose first token was end-of-sequence still had its prefill: 1 at least.
+            budget = min(max(generated, 1), WARM_MAX_TOKENS, self.context_tokens - prompt_tokens)
+            if prompt_tokens >= 1 and budget >= 1:
+                warm_shape(self._model, self._torch, self.device or "cpu", prompt_tokens, budget)
+        if self.device is not None and self.device.startswith("cuda"):
+            self._torch.cuda.synchronize(self.device)
+        return StreamDelta("")
+
+    def _remember_shape(self, prompt_tokens: int, generated: int) -> None:
+        """Note a served prompt length and how far it decoded (GPU thread)."""
+        shapes = self._shapes
+        shapes[prompt_tokens] = max(generated, shapes.pop(prompt_tokens, 0))
+        while len(shapes) > WARM_SHAPES:
+            shapes.popitem(last=False)
+        self.recent_shapes = tuple(shapes.items())
 
     def _allocated(self) -> int:
         torch = self._torch
@@ -358,6 +416,8 @@ class TorchEngine(ThreadedEngine):
             constraint=self._constraint(request),
         )
         reason, text, produced = decode(work)
+        if job.kind == "generate":
+            self._remember_shape(len(ids), produced)
         first = work.marks[0] if work.marks else time.perf_counter()
         return StreamDelta(
             "",

@@ -19,7 +19,7 @@ from ._hf_model import PromptTokenizer
 from ._textstream import TextAssembler
 from ._torch_constrain import JsonConstraint
 
-__all__ = ["DecodeJob", "decode", "is_oom"]
+__all__ = ["DecodeJob", "decode", "is_oom", "warm_shape"]
 
 _OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "can't allocate memory")
 """RuntimeError texts that mean memory exhaustion (cuBLAS workspaces, the CPU allocator)."""
@@ -116,6 +116,23 @@ def decode(job: DecodeJob) -> tuple[FinishReason, str, int]:
     if tail:
         job.emit(tail)
     return reason or "length", text.text, len(generated)
+
+
+def warm_shape(model: Any, torch: Any, device: str, prompt_tokens: int, steps: int) -> None:
+    """Run one generation's attention shapes without a request: a prefill of ``prompt_tokens``
+    placeholder tokens, then ``steps - 1`` one-token steps on its KV cache (no sampling, no
+    synchronisation: the caller waits for the device once at the end)."""
+    with torch.inference_mode():
+        inputs = torch.zeros((1, prompt_tokens), dtype=torch.long, device=device)
+        out = model(input_ids=inputs, use_cache=True, logits_to_keep=1)
+        past = out.past_key_values
+        step = inputs[:, :1]
+        del out, inputs
+        for _ in range(steps - 1):
+            out = model(input_ids=step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            del out
+        del past
 
 
 class _Sampler:
