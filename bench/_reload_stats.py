@@ -56,8 +56,9 @@ def bootstrap(
     statistic: Callable[[list[int]], float | None], count: int, *, seed: int = 0
 ) -> tuple[float, float] | None:
     """The 2.5th and 97.5th percentiles of ``statistic`` over ``ROUNDS`` resamples of
-    ``count`` episode indices drawn with replacement (None with fewer than 2 episodes)."""
-    if count < 2:
+    ``count`` episode indices drawn with replacement (None with fewer than 3 episodes; with
+    few, the interval is rough: 5 or more make it worth reading)."""
+    if count < 3:
         return None
     draw = random.Random(seed)
     values = []

@@ -26,9 +26,11 @@ One 10-second window's p99 is about its largest request, so one episode's change
 ``--sham`` the summary also pools the windows of all reload episodes and of all control episodes
 (each side then holds hundreds of requests) and gives each pooled change a 95 % bootstrap interval
 over episodes (``bench/_reload_stats.py``); and "around the swap" compares the requests that
-ended from a reload's ask until ``--around`` seconds after its answer (those in flight across it
-included) with the requests that ended in the same stretch after a control's midpoint, pooled,
-with its own interval: the reload's cost read against what the same moment costs with no reload.
+ended within a fixed stretch from a reload's ask (the reloads' median time to answer plus
+``--around`` seconds; those in flight across it included) with the requests that ended in as long
+a stretch from a control's midpoint, pooled, with its own interval: the reload's cost read
+against what the same moment costs with no reload. ``--dump FILE`` writes every request and
+episode as JSON, to be read again without a GPU.
 ``--prompts N`` makes the clients cycle through N prompts of different lengths (the shapes a
 reload's warm-up has to cover), client ``i`` starting at prompt ``i``.
 """
@@ -43,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -144,11 +146,11 @@ class Episode:
             {model for _, _, model in after},
         )
 
-    def around(self, seen: Seen, seconds: float) -> list[float]:
-        """Latencies of the requests that ended from the moment the reload was asked for until
-        ``seconds`` after it answered (a sham: after the same instant): every request the reload
-        could have slowed, those in flight across it included."""
-        return [e - s for s, e, _ in seen.answers if self.asked <= e <= self.swapped + seconds]
+    def around(self, seen: Seen, reach: float) -> list[float]:
+        """Latencies of the requests that ended within ``reach`` seconds of the moment the
+        reload was asked for (a sham: of its midpoint): every request a reload could have
+        slowed, those in flight across it included."""
+        return [e - s for s, e, _ in seen.answers if self.asked <= e <= self.asked + reach]
 
 
 def run_episode(base: str, kind: str, half: float, model: str, name: str) -> Episode:
@@ -177,6 +179,11 @@ def report(episodes: list[Episode], seen: Seen, around: float) -> bool:
     changes: dict[str, list[float]] = {"reload": [], "sham": []}
     pairs: dict[str, list[Pair]] = {"reload": [], "sham": []}
     arounds: dict[str, list[list[float]]] = {"reload": [], "sham": []}
+    # Every window around a swap (or a control's midpoint) lasts as long: the reloads' median
+    # time to answer, plus ``around``. (Windows of different lengths hold different counts, and
+    # a p99 of more requests is higher with nothing else changed.)
+    took = [e.swapped - e.asked for e in episodes if e.kind == "reload"]
+    reach = (statistics.median(took) if took else 0.0) + around
     for number, episode in enumerate(episodes, 1):
         before, after, models = episode.windows(seen)
         moved = change(before, after)
@@ -186,13 +193,14 @@ def report(episodes: list[Episode], seen: Seen, around: float) -> bool:
             line += f"; p99 {moved:+.1f} %"
         print(line)
         pairs[episode.kind].append((before, after))
-        arounds[episode.kind].append(episode.around(seen, around))
+        arounds[episode.kind].append(episode.around(seen, reach))
         if episode.kind == "reload":
             print(
                 f"  reload to {episode.name}: HTTP {episode.status} in "
                 f"{episode.swapped - episode.asked:.2f} s: {_short(episode.answer)}; "
                 f"{_across(episode, seen)}; answered after by {', '.join(sorted(models))}"
             )
+            print(f"  {_slowest_around(episode, seen, around)}")
             ok = ok and episode.status == 200 and models == {episode.name}
         else:
             print(f"  {_across(episode, seen)}")
@@ -205,7 +213,7 @@ def report(episodes: list[Episode], seen: Seen, around: float) -> bool:
             )
     for kind, label in (("reload", "reload episodes"), ("sham", "control episodes")):
         _pooled(label, pairs[kind])
-    _around(arounds, around)
+    _around(arounds, reach)
     return ok
 
 
@@ -239,7 +247,7 @@ def _around(arounds: dict[str, list[list[float]]], seconds: float) -> None:
     spread = f" (95 % bootstrap over episodes {interval[0]:+.1f} .. {interval[1]:+.1f} %)" \
         if interval else ""  # fmt: skip
     print(
-        f"around the swap (requests ending from the ask to {seconds:g} s after the answer): "
+        f"around the swap (requests ending within {seconds:.2f} s of the ask or midpoint): "
         f"reload {quantiles([x for w in tested for x in w])}; "
         f"control {quantiles([x for w in control for x in w])}; p99 {moved:+.1f} %{spread}"
     )
@@ -251,6 +259,21 @@ def _across(episode: Episode, seen: Seen) -> str:
     during = [e - s for s, e, _ in seen.answers if e >= episode.asked and s <= episode.swapped]
     slowest = f", slowest {max(during) * 1000:.0f} ms" if during else ""
     return f"{len(during)} request(s) across it{slowest}"
+
+
+def _slowest_around(episode: Episode, seen: Seen, seconds: float, count: int = 3) -> str:
+    """Where the slowest requests of the window around a swap sat: their latency, start and end
+    relative to the ask (the swap came ``swapped - asked`` later), and the model that answered."""
+    near = [a for a in seen.answers if episode.asked <= a[1] <= episode.swapped + seconds]
+    near.sort(key=lambda a: a[1] - a[0], reverse=True)
+    spots = [
+        f"{(e - s) * 1000:.0f} ms ({s - episode.asked:+.2f}..{e - episode.asked:+.2f} s, {m})"
+        for s, e, m in near[:count]
+    ]
+    return (
+        f"slowest around it (from the ask; swap at +{episode.swapped - episode.asked:.2f} s): "
+        + ", ".join(spots)
+    )
 
 
 def _short(text: str) -> str:
@@ -272,6 +295,9 @@ def main() -> int:
     parser.add_argument("--sham", action="store_true", help="a control episode before each")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load not counted")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument(
+        "--dump", type=Path, help="write every request (start, end, model) and episode as JSON"
+    )
     parser.add_argument(
         "--prompts", type=int, default=1, help="distinct prompt lengths the clients cycle through"
     )
@@ -336,6 +362,13 @@ def main() -> int:
         f"requests={len(seen.answers)}"
     )
     ok = report(episodes, seen, args.around)
+    if args.dump is not None:
+        record = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "answers": seen.answers,
+            "episodes": [asdict(episode) for episode in episodes],
+        }
+        args.dump.write_text(json.dumps(record))
     print(f"failed requests: {len(seen.failures)}")
     for failure in seen.failures[:5]:
         print(f"  {failure}")

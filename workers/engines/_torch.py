@@ -90,10 +90,11 @@ class TorchEngine(ThreadedEngine):
         float32 on CPU. ``max_model_len`` caps prompt + completion tokens (and the model's own
         ``max_position_embeddings`` caps it further). ``cudnn_attention`` (CUDA only) lets
         PyTorch pick cuDNN for ``scaled_dot_product_attention``; off by default, process-wide,
-        set at each load (the last engine loaded decides): cuDNN builds a graph for every new
-        prompt length on every new thread, ~0.48 s each on the H200 (``bench/reload_pieces.py``),
-        which a hot reload's new engine and any unseen prompt length then pay; without it
-        PyTorch uses its flash / memory-efficient kernels, which need no such build.
+        set at each load (the last engine loaded decides). With it, a request whose prompt
+        length was new to the engine's thread took 0.33-0.67 s on the H200 instead of
+        0.04-0.09 s (``bench/reload_pieces.py``; cuDNN's attention graphs are cached per thread
+        and shape), which a hot reload's new engine and any unseen prompt length pay; without it
+        PyTorch uses its flash / memory-efficient kernels, which showed no such cost.
         """
         if max_model_len < 16:
             raise WorkerError(f"{max_model_len=} must be at least 16 tokens")
