@@ -31,6 +31,13 @@ def _cmd(node: redis.Redis, *args: str | int) -> object:
     return node.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
+def _myid(node: redis.Redis) -> str:
+    """The node's cluster id (``CLUSTER MYID`` answers bytes)."""
+    answer = _cmd(node, "CLUSTER", "MYID")
+    assert isinstance(answer, bytes), answer
+    return answer.decode("ascii")
+
+
 async def test_a_moved_key_is_read_through_ask_with_a_pool_of_idle_connections(
     cluster: LocalCluster,
 ) -> None:
@@ -43,12 +50,8 @@ async def test_a_moved_key_is_read_through_ask_with_a_pool_of_idle_connections(
     src, dst = redis.Redis(port=source), redis.Redis(port=target)
     try:
         src.set(key, "moved")
-        _cmd(
-            dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", str(_cmd(src, "CLUSTER", "MYID"), "ascii")
-        )
-        _cmd(
-            src, "CLUSTER", "SETSLOT", slot, "MIGRATING", str(_cmd(dst, "CLUSTER", "MYID"), "ascii")
-        )
+        _cmd(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", _myid(src))
+        _cmd(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", _myid(dst))
         _cmd(src, "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", key)
         with pytest.raises(redis.exceptions.AskError):
             redis.Redis(port=source).get(key)  # the source now redirects: the case under test
@@ -65,8 +68,6 @@ async def test_a_moved_key_is_read_through_ask_with_a_pool_of_idle_connections(
             await close_client(client)
     finally:
         for node in (dst, src):  # end the migration: the slot goes to the target
-            _cmd(
-                node, "CLUSTER", "SETSLOT", slot, "NODE", str(_cmd(dst, "CLUSTER", "MYID"), "ascii")
-            )
+            _cmd(node, "CLUSTER", "SETSLOT", slot, "NODE", _myid(dst))
         src.close()
         dst.close()
