@@ -3,27 +3,14 @@ engines answer (pure arithmetic on measured seconds per answer)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-PATH = Path(__file__).resolve().parent.parent / "bench" / "_capacity.py"
+from bench_loader import REPO, load_module
 
 
 def _module() -> ModuleType:
-    loaded = sys.modules.get("bench_capacity")
-    if loaded is not None:
-        return loaded
-    spec = importlib.util.spec_from_file_location("bench_capacity", PATH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module("bench_capacity", REPO / "bench" / "_capacity.py")
 
 
 @pytest.mark.parametrize(

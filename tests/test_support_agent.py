@@ -3,13 +3,12 @@ JSON tool outputs, and an answer checked against the order's facts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_loader import load_module
 
 import chainrt
 
@@ -17,13 +16,7 @@ CHAINS = Path(__file__).resolve().parent.parent / "chains"
 
 
 def _orders() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("support_orders", CHAINS / "tools" / "orders.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module("support_orders", CHAINS / "tools" / "orders.py")
 
 
 orders = _orders()
