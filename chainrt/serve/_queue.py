@@ -24,6 +24,7 @@ import collections
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -42,6 +43,9 @@ __all__ = [
 Priority = Literal["critical", "high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("critical", "high", "normal", "low")
 GROUP = "runners"
+TRANSACTION_RETRY_S = 10.0
+"""How long ``ack`` / ``hand_back`` keep sending their ``MULTI`` again while a Redis Cluster
+redirects or refuses it (a slot migration or a failover)."""
 
 
 def stream_key(priority: str, prefix: str = "chainrt") -> str:
@@ -262,20 +266,48 @@ class RedisQueue(RunQueue):
     async def ack(self, delivery: Delivery) -> None:
         """``XACK`` + ``XDEL``: the entry is done."""
         stream = self._streams[delivery.priority]
-        async with self._client.pipeline(transaction=True) as pipe:
+
+        def queue(pipe: Any) -> None:
             pipe.xack(stream, GROUP, delivery.entry_id)
             pipe.xdel(stream, delivery.entry_id)
-            await pipe.execute()
+
+        await self._transaction(queue)
 
     async def hand_back(self, delivery: Delivery) -> None:
         """Add the entry again and delete this one (one ``MULTI``): readable by others at once."""
         stream = self._streams[delivery.priority]
-        async with self._client.pipeline(transaction=True) as pipe:
+
+        def queue(pipe: Any) -> None:
             if delivery.entry is not None:
                 pipe.xadd(stream, delivery.entry.fields())
             pipe.xack(stream, GROUP, delivery.entry_id)
             pipe.xdel(stream, delivery.entry_id)
-            await pipe.execute()
+
+        await self._transaction(queue)
+
+    async def _transaction(self, queue: Callable[[Any], None]) -> None:
+        """One ``MULTI``/``EXEC`` of the commands ``queue`` adds, sent again while a Redis
+        Cluster redirects or refuses it (``MOVED``/``ASK`` while the ``{queue}`` slot migrates,
+        ``TRYAGAIN``, ``CLUSTERDOWN``): redis-py follows redirections for single commands but
+        not inside a transaction, and a redirected or refused ``MULTI`` applied nothing, so
+        sending it again cannot apply it twice. Gives up after ``TRANSACTION_RETRY_S``."""
+        from ..store._cluster import is_cluster_transient
+
+        give_up = time.monotonic() + TRANSACTION_RETRY_S
+        delay = 0.02
+        while True:
+            try:
+                async with self._client.pipeline(transaction=True) as pipe:
+                    queue(pipe)
+                    await pipe.execute()
+                return
+            except Exception as exc:
+                if not self.cluster or not is_cluster_transient(exc):
+                    raise
+                if time.monotonic() + delay > give_up:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     async def touch(self, deliveries: list[Delivery]) -> None:
         """``XCLAIM`` this runner's entries to itself (``JUSTID``): their idle time restarts."""
