@@ -50,9 +50,8 @@ def pack_args(args: Iterable[bytes | str | int | float]) -> bytes:
 
 
 def _other(arg: object) -> bytes:
-    if isinstance(arg, str):
-        return arg.encode()
-    if isinstance(arg, bytes | bytearray | memoryview):
+    """Anything but ``str`` and ``bytes`` (:func:`pack_args` encodes those itself)."""
+    if isinstance(arg, bytearray | memoryview):
         return bytes(arg)
     if isinstance(arg, int | float) and not isinstance(arg, bool):
         return repr(arg).encode()
