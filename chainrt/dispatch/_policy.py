@@ -32,6 +32,7 @@ __all__ = [
     "MAX_RESERVE_SHARE",
     "MIN_ATTEMPT_S",
     "MIN_JUDGED_UNKNOWN_S",
+    "MIN_RESERVE_SHARE",
     "MIN_STUCK_S",
     "MIN_USEFUL_ATTEMPT_S",
     "OWN_FLOOR_FACTOR",
@@ -61,6 +62,12 @@ MIN_ATTEMPT_S = 0.005
 RESERVE_FACTOR = 2.0
 """The next fallback is kept its recent 90th-percentile answer time times this: a fallback is
 needed exactly when things are slow, and a reserve too short wastes the whole attempt."""
+MIN_RESERVE_SHARE = 0.15
+"""A fallback that will be tried is kept at least this share of the time left, however quick its
+figures say it is. Figures taken on a quiet moment (the in-process model's are measured when it
+loads) say nothing of a loaded machine, where the same request runs several times slower: sized
+from them alone, the reserve left a hung primary 5,929 ms of a 6 s step and the local model too
+little to answer beside a CPU hog (issue 14)."""
 UNKNOWN_RESERVE_SHARE = 0.25
 """Share of the time left kept for a next fallback whose latency is not known yet."""
 UNKNOWN_RETRY_SHARE = 0.5
@@ -149,7 +156,8 @@ def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: b
 
     Its expected need times :data:`RESERVE_FACTOR` (plus its queue), the margin trimmed so the
     current candidate keeps :data:`MAX_RESERVE_SHARE` of the time left, but never below
-    :func:`fallback_need`; a quarter of the time left for a fallback whose latency is unknown.
+    :func:`fallback_need` nor :data:`MIN_RESERVE_SHARE` of the time left; a quarter of the time
+    left for a fallback whose latency is unknown.
     Zero when the next thing to try is the static answer, or nothing: then the current candidate
     may use every millisecond left.
     """
@@ -161,7 +169,8 @@ def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: b
         return left_s * UNKNOWN_RESERVE_SHARE
     generous = known * RESERVE_FACTOR + candidate.in_flight * (candidate.p50_s or known)
     bare = fallback_need(rest, left_s, keep_partial=keep_partial)
-    return min(generous, max(bare, left_s * MAX_RESERVE_SHARE), left_s)
+    measured = min(generous, max(bare, left_s * MAX_RESERVE_SHARE))
+    return min(max(measured, left_s * MIN_RESERVE_SHARE), left_s)
 
 
 def attempt_end(
