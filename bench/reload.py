@@ -282,7 +282,7 @@ def _short(text: str) -> str:
         body = json.loads(text)
     except ValueError:
         return text[:200]
-    keys = ("load_seconds", "seconds", "draining")
+    keys = ("load_seconds", "seconds", "draining", "handed_over")
     return " ".join(f"{k}={body[k]}" for k in keys if k in body) or text[:200]
 
 

@@ -36,6 +36,7 @@ The tree::
         ├── EngineDead                the engine is gone and must be restarted
         │   ├── CoreKilled            (workers.engines._vllm_support) a signal ended vLLM's core under it
         │   └── CoreFailedElsewhere   (workers.engines._vllm_support) vLLM's core failed on another request
+        ├── EngineRetired             (workers.engines) a hot reload replaced the engine before the request started
         └── ContextLengthExceeded     the prompt can never fit the engine's context window
 
 A step that runs past its allotment raises nothing: it is recorded as ``timed_out`` in the run's

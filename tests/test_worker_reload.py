@@ -109,6 +109,56 @@ def test_in_flight_stream_finishes_on_the_old_model_and_a_second_reload_is_409(
     assert worker.get("/health/ready").json()["model"] == "v2"
 
 
+def test_requests_queued_on_the_old_engine_at_the_swap_are_answered_by_the_new_one(
+    gguf_copy: Path,
+) -> None:
+    """Leased on the old engine but not started (queued behind the stream it is generating):
+    the swap hands them to the new engine; the stream finishes on the old one."""
+    args = ("--engine", "local", "--served-model-name", "v1", "--admin-token", TOKEN)
+    with WorkerProcess(*args, "--slots", "3") as worker:
+        client = worker.openai()
+        stream = client.chat.completions.create(
+            model="v1", messages=STORY, max_tokens=60, temperature=0, stream=True
+        )
+        chunks = iter(stream)  # read to its end below, which closes it
+        first = next(chunks)  # generating on the old engine from here on
+        models: dict[str, set[str]] = {}
+        failures: list[str] = []
+
+        def ask(streamed: bool) -> None:
+            with OpenAI(base_url=f"{worker.base}/v1", api_key="x", max_retries=0) as own:
+                try:
+                    if streamed:
+                        parts = list(
+                            own.chat.completions.create(
+                                model="v1", messages=ASK, max_tokens=4, stream=True
+                            )
+                        )
+                        models["stream"] = {part.model for part in parts}
+                    else:
+                        answer = own.chat.completions.create(model="v1", messages=ASK, max_tokens=4)
+                        models["plain"] = {answer.model}
+                except Exception as exc:  # the test asserts there are none
+                    failures.append(f"{type(exc).__name__}: {exc}")
+
+        queued = [threading.Thread(target=ask, args=(streamed,)) for streamed in (False, True)]
+        for thread in queued:
+            thread.start()
+        while worker.metric("chainrt_worker_slots_in_use") < 3:  # both hold the old engine
+            time.sleep(0.02)
+        change = {"model": str(gguf_copy), "served_model_name": "v2"}
+        answer = worker.post("/admin/reload", json=change, headers=AUTH, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["draining"], answer.json()["handed_over"]) == (1, 2)
+        for thread in queued:
+            thread.join(120)
+        assert failures == []
+        assert models == {"plain": {"v2"}, "stream": {"v2"}}
+        rest = list(chunks)
+        assert {c.model for c in [first, *rest]} == {"v1"}
+        assert rest[-1].choices[0].finish_reason == "length"
+
+
 @dataclass
 class Load:
     """What the clients saw: (start, end, model answering) per request, and every failure."""

@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chainrt.errors import ContextLengthExceeded
+from chainrt.errors import ContextLengthExceeded, WorkerError
 
 __all__ = [
     "ChatMessage",
     "ContextLengthExceeded",
     "Engine",
     "EngineFaults",
+    "EngineRetired",
     "FinishReason",
     "GenerationRequest",
     "GenerationResult",
@@ -147,6 +148,16 @@ class EngineFaults:
             self._oom = 0
 
 
+class EngineRetired(WorkerError):
+    """A hot reload retired this engine before the request's generation started.
+
+    Nothing was generated; the worker runs the request again on the engine that replaced this
+    one (:meth:`Engine.retire`), so a client never sees it.
+    """
+
+    retryable = True
+
+
 class Engine(abc.ABC):
     """A loaded model that generates text. One engine per process (or per worker)."""
 
@@ -174,6 +185,17 @@ class Engine(abc.ABC):
         have (a prompt prefix evaluated again). Best effort; the default does nothing.
         """
         del serving  # nothing to carry over by default
+
+    def retire(self) -> int:
+        """A hot reload swapped this engine out: hand back what has not started generating.
+
+        From now on every generation this engine has not started yet (queued now, or asked for
+        later) fails at once with :class:`EngineRetired`, so the worker can run it on the new
+        engine; generations already under way finish here. Returns how many queued generations
+        were handed back now. The default (an engine with no queue of its own, vLLM's scheduler
+        say) hands back nothing.
+        """
+        return 0
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -24,7 +24,7 @@ from contextlib import aclosing
 
 from chainrt.errors import EngineDead, WorkerError
 
-from ._base import Engine, GenerationRequest, GenerationResult, StreamDelta
+from ._base import Engine, EngineRetired, GenerationRequest, GenerationResult, StreamDelta
 from ._bridge import EngineJob, stream_job
 
 __all__ = ["ThreadedEngine"]
@@ -49,6 +49,8 @@ class ThreadedEngine(Engine):
         self._current: EngineJob | None = None
         self._dead: str | None = None
         """Why the engine is dead (None while it serves); set by the model thread."""
+        self._retired = False
+        """Set by :meth:`retire`: generations not started yet are handed back, not run."""
         self.last_request: GenerationRequest | None = None
         """The last generation this engine started (set by the model thread; housekeeping jobs
         do not count). A hot reload's :meth:`~Engine.warm_like` replays its shape on the new
@@ -109,6 +111,35 @@ class ThreadedEngine(Engine):
         self._shutdown()
         self.ensure_loaded()
 
+    def retire(self) -> int:
+        """Hand back every queued generation (:class:`EngineRetired`); later ones at once too.
+
+        The queued jobs are taken out of the queue here, in their order, so none waits for the
+        generation running now; housekeeping jobs stay queued. A generation the model thread
+        picks up after this (one submitted from another thread meanwhile) is handed back too.
+        """
+        self._retired = True
+        kept: list[EngineJob] = []
+        handed = 0
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job.kind != "generate":
+                kept.append(job)
+            elif not job.cancelled.is_set():
+                job.sink(self._retired_error())
+                handed += 1
+        for job in kept:
+            self._jobs.put(job)
+        return handed
+
+    def _retired_error(self) -> EngineRetired:
+        return EngineRetired(
+            f"a hot reload replaced this {self.name} engine before the request started"
+        )
+
     def _shutdown(self) -> None:
         with self._load_lock:
             thread, self._thread = self._thread, None
@@ -143,6 +174,8 @@ class ThreadedEngine(Engine):
         """
         self.check_request(request)
         await self.start()
+        if self._retired:
+            raise self._retired_error()
         if self._dead is not None:
             raise EngineDead(f"the {self.name} engine is dead ({self._dead}); recover() reloads it")
         job = EngineJob(request.priority, next(self._seq), "generate", request)
@@ -190,6 +223,9 @@ class ThreadedEngine(Engine):
             if job.kind == "stop":
                 return
             if job.cancelled.is_set():
+                continue
+            if job.kind == "generate" and self._retired:
+                job.sink(self._retired_error())
                 continue
             if not self.loaded:
                 job.sink(EngineDead(f"the {self.name} engine has no model loaded"))

@@ -61,7 +61,7 @@ from ._openai import (
     parse_body,
 )
 from ._recovery import RecoveryManager
-from ._reload import EngineLease, ServingEngines
+from ._reload import EngineLease, ServingEngines, generate_on
 from ._responses import server_hops, with_hops
 from ._streaming import stream_answer
 
@@ -201,7 +201,7 @@ class GenerationHandler:
                 # A client that leaves during an injected delay or hang is gone at once (499),
                 # as from the queue: a hedge's loser is seen to disconnect while held here.
                 await run_until_disconnect(request, self._inject_faults(deadline))
-            model = ctx.attributes["model"] = lease.served.answer_name(parsed.model)
+            ctx.attributes["model"] = lease.served.answer_name(parsed.model)
             hops = server_hops(started, queued, time.perf_counter())
             if parsed.stream:
                 response = await stream_answer(
@@ -210,8 +210,10 @@ class GenerationHandler:
                 slot = lease = None  # the stream owns both now and releases them when it ends
                 return response
             result = await run_until_disconnect(
-                request, self.call_engine(lease.engine.generate(gen))
+                request, self.call_engine(generate_on(self.engines, lease, gen))
             )
+            # The engine that answered: a reload may have handed the request to the new one.
+            model = ctx.attributes["model"] = lease.served.answer_name(parsed.model)
             self.record(result, ctx, time.perf_counter() - started)
             if isinstance(parsed, CompletionRequest):
                 completion = completion_response(ctx.request_id, model, result)

@@ -4,9 +4,12 @@ The worker serves through :class:`ServingEngines`: each generation leases the cu
 once its slot is granted and keeps that engine until its answer ends, so a swap never moves a
 request that already started. :class:`ReloadManager` builds the new engine with the worker's
 engine factory, loads it while the old one keeps serving, runs the readiness generation on it,
-then swaps: requests that take their lease from then on get the new engine, in-flight ones finish
-on the old, which is closed once its last lease is released. Readiness never changes. A new
-engine that cannot load (bad path, out of memory) is closed and the old one keeps serving.
+then swaps: requests that take their lease from then on get the new engine. The old engine is
+retired (:meth:`~workers.engines.Engine.retire`): requests leased on it whose generation had not
+started yet (queued behind the one it is generating) are handed back and run on the new engine
+(:func:`generate_on`, :func:`stream_on`), so only generations already under way finish on the
+old one, which is closed once its last lease is released. Readiness never changes. A new engine
+that cannot load (bad path, out of memory) is closed and the old one keeps serving.
 
 The names a client may use only grow: after a reload to ``served_model_name: v2`` requests for
 ``v1`` are still accepted (a client mid-rollout must not get 404) and answered by ``v2``, whose
@@ -19,16 +22,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from chainrt.errors import EngineOOM, WorkerError
-from workers.engines import Engine
+from workers.engines import Engine, EngineRetired, GenerationRequest, GenerationResult, StreamDelta
 
 from ._health import HealthMonitor, probe_engine
+from ._http import aclose
 from ._metrics import WorkerMetrics
 from ._recovery import RecoveryManager
 
@@ -40,6 +44,8 @@ __all__ = [
     "ReloadRequest",
     "ServedEngine",
     "ServingEngines",
+    "generate_on",
+    "stream_on",
 ]
 
 log = logging.getLogger("chainrt.worker")
@@ -89,9 +95,22 @@ class EngineLease:
         if self._released:
             return
         self._released = True
-        self.served.inflight -= 1
-        if self.served.inflight == 0:
-            self.served.idle.set()
+        self._let_go(self.served)
+
+    def move_to(self, served: ServedEngine) -> None:
+        """Hold ``served`` instead: the request had not started on the engine it held."""
+        if self._released or served is self.served:
+            return
+        old, self.served = self.served, served
+        served.inflight += 1
+        served.idle.clear()
+        self._let_go(old)
+
+    @staticmethod
+    def _let_go(served: ServedEngine) -> None:
+        served.inflight -= 1
+        if served.inflight == 0:
+            served.idle.set()
 
 
 class ServingEngines:
@@ -111,6 +130,49 @@ class ServingEngines:
         old, self.current = self.current, new
         self.names = list(dict.fromkeys([*new.names, *self.names]))
         return old
+
+    def hand_over(self, lease: EngineLease, retired: EngineRetired) -> None:
+        """Move ``lease`` to the current engine after its engine handed the request back.
+
+        Raises ``retired`` if the lease already holds the current engine (a current engine is
+        never retired: that would be a bug, reported as the request's engine error).
+        """
+        if lease.served is self.current:
+            raise retired
+        log.debug("reload: a request queued on %s moves to %s", lease.served.names[0],
+                  self.current.names[0])  # fmt: skip
+        lease.move_to(self.current)
+
+
+async def generate_on(
+    engines: ServingEngines, lease: EngineLease, request: GenerationRequest
+) -> GenerationResult:
+    """Generate on the lease's engine; if a reload retired it first, on the engine after it."""
+    while True:
+        try:
+            return await lease.engine.generate(request)
+        except EngineRetired as retired:
+            engines.hand_over(lease, retired)
+
+
+async def stream_on(
+    engines: ServingEngines, lease: EngineLease, request: GenerationRequest
+) -> tuple[AsyncIterator[StreamDelta], StreamDelta]:
+    """Start streaming on the lease's engine: the stream and its first delta.
+
+    If a reload retired the engine before the generation started, the request starts again on
+    the engine after it (the lease moves); the caller closes the returned stream.
+    """
+    while True:
+        pieces = lease.engine.stream(request)
+        try:
+            return pieces, await anext(pieces)
+        except EngineRetired as retired:
+            await aclose(pieces)
+            engines.hand_over(lease, retired)
+        except BaseException:
+            await aclose(pieces)
+            raise
 
 
 class ReloadRequest(BaseModel):
@@ -218,15 +280,18 @@ class ReloadManager:
             log.warning("reload: warming the new engine failed (%s); swapping anyway", exc)
         new = ServedEngine(engine, names, model)
         self._engines.swap(new)
+        # Queued on the old engine, not started: handed back, they run on the new one.
+        handed = old.engine.retire()
         self._health.use_engine(engine, probe)
         self._recovery.use_engine(engine)
         seconds = time.perf_counter() - started
         self._metrics.reloads.labels(outcome="ok").inc()
         self._metrics.reload_seconds.observe(seconds)
-        draining = old.inflight
+        draining = max(0, old.inflight - handed)
         log.info(
-            "reload: %s serves (%.2fs); %d request(s) finish on %s before it closes",
-            names[0], seconds, draining, old.names[0],
+            "reload: %s serves (%.2fs); %d request(s) finish on %s before it closes, "
+            "%d queued on it moved to the new model",
+            names[0], seconds, draining, old.names[0], handed,
         )  # fmt: skip
         self._drain = asyncio.create_task(self._close_when_drained(old))
         return {
@@ -237,6 +302,7 @@ class ReloadManager:
             "load_seconds": round(loaded, 3),
             "seconds": round(seconds, 3),
             "draining": draining,
+            "handed_over": handed,
         }
 
     def _new_engine(self, model: str | None, name: str) -> Engine:

@@ -26,7 +26,7 @@ from ._openai import (
     completion_chunk,
     error_body,
 )
-from ._reload import EngineLease
+from ._reload import EngineLease, stream_on
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -54,14 +54,13 @@ async def stream_answer(
 
     ``started`` is when the request arrived (``time.perf_counter()``).
     """
-    pieces = lease.engine.stream(gen)
-    try:
-        first = await run_until_disconnect(request, handler.call_engine(anext(pieces)))
-    except BaseException:
-        await aclose(pieces)
-        raise
+    # A request handed over by a reload starts on the new engine: the lease says which answered.
+    pieces, first = await run_until_disconnect(
+        request, handler.call_engine(stream_on(handler.engines, lease, gen))
+    )
     chat = endpoint == "chat"
-    rid, model = ctx.request_id, lease.served.answer_name(parsed.model)
+    rid = ctx.request_id
+    model = ctx.attributes["model"] = lease.served.answer_name(parsed.model)
 
     def piece(text: str) -> bytes:
         if chat:
