@@ -46,6 +46,7 @@ from ..store._cluster import (
     is_cluster_transient,
     split_options,
 )
+from ..store._cluster_lean import LOST, REDIRECTED, ClusterLean
 from ..store._lean import LeanRedis, pack, pack_args
 from . import _lua
 from ._driver import GRANTED, Attempt, BaseLimiter, holder_of
@@ -173,6 +174,7 @@ class RedisLimiter(BaseLimiter):
         """How long a script call is retried while a cluster fails over (cluster mode only)."""
         self._cluster = False
         self._lean: LeanRedis | None = None  # bare connections for the script calls (one node)
+        self._masters: ClusterLean | None = None  # the same per master, on a cluster
         self._lean_ready = False
 
     @classmethod
@@ -269,20 +271,32 @@ class RedisLimiter(BaseLimiter):
         wire: bytes | None = None,
     ) -> Any:
         """One script call; ``wire``: the same call already packed (see ``_Call``)."""
-        lean = self._lean if self._lean_ready else self._lean_for_client()
+        if not self._lean_ready:
+            self._lean_for_client()
+        lean = self._lean
+        if self._masters is not None:
+            lean = self._masters.for_key(keys[0])  # None: no master known for the slot now
         if lean is not None:
             # The hot path: a packed EVALSHA on a bare connection. A lost connection or a
-            # NOSCRIPT falls through to the client below (its retries, its EVAL).
+            # NOSCRIPT (on a cluster also a redirection) falls through to the client below (its
+            # retries, its EVAL; the cluster client follows the redirection and updates the
+            # slot map the next calls are routed by).
             try:
                 if wire is None:
                     wire = pack("EVALSHA", _SHA[name], len(keys), *keys, *args)
                 (reply,) = await lean.call([wire])
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                pass
+            except LOST:
+                if self._masters is not None:
+                    await self._masters.refresh(lost=lean)
             else:
                 if not isinstance(reply, BaseException):
                     return reply
-                if not isinstance(reply, NoScriptError):
+                if self._masters is None:
+                    if not isinstance(reply, NoScriptError):
+                        raise reply
+                elif isinstance(reply, REDIRECTED):
+                    await self._masters.refresh()
+                else:
                     raise reply
         try:
             return await self._client.evalsha(_SHA[name], len(keys), *keys, *args)
@@ -291,16 +305,18 @@ class RedisLimiter(BaseLimiter):
             # EVAL runs the script and caches it, on the node that serves these keys.
             return await self._client.eval(_SCRIPTS[name], len(keys), *keys, *args)
 
-    def _lean_for_client(self) -> LeanRedis | None:
-        """Bare connections like the client's, once it is known to be one node's plain client
-        (a cluster client routes by slot; those connections do not)."""
+    def _lean_for_client(self) -> None:
+        """Bare connections like the client's, once it is known to be one node's plain client;
+        on a cluster, one set per master, routed by the cluster client's slot map."""
         if self._detect_url is not None:
-            return None  # not known yet
+            return  # not known yet
         self._lean_ready = True
         if not self._cluster and isinstance(self._client, aredis.Redis):
             timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
             self._lean = LeanRedis(self._client, timeout_s=timeout)
-        return self._lean
+        elif self._cluster:
+            timeout = self._client.nodes_manager.connection_kwargs.get("socket_timeout")
+            self._masters = ClusterLean(self._client, timeout_s=timeout)
 
     async def _retry_on_cluster(
         self, name: str, keys: Sequence[str | bytes], args: Sequence[str | bytes | int | float]
@@ -457,6 +473,8 @@ class RedisLimiter(BaseLimiter):
         self._client_closed = True
         if self._lean is not None:
             await self._lean.aclose()
+        if self._masters is not None:
+            await self._masters.aclose()
         if self._owns_client:
             await close_client(self._client)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from ._watchdog import Watchdog
@@ -68,10 +70,22 @@ class LeanRedis:
 
     def __init__(self, client: Any, *, timeout_s: float | None) -> None:
         pool = client.connection_pool
-        self._class = pool.connection_class
+        self._setup(pool.connection_class, pool.connection_kwargs, timeout_s)
+
+    @classmethod
+    def of_node(cls, node: Any, *, timeout_s: float | None) -> LeanRedis:
+        """Bare connections to one node of a Redis Cluster (a redis-py ``ClusterNode``), built
+        like the cluster client's own connections to it: no retry of their own."""
+        lean = cls.__new__(cls)
+        kwargs = {**node.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+        lean._setup(node.connection_class, kwargs, timeout_s)
+        return lean
+
+    def _setup(self, cls: Any, kwargs: dict[str, Any], timeout_s: float | None) -> None:
+        self._class = cls
         # The call's timeout replaces the connection's socket timeout (which redis-py enforces
         # with a wait_for per write and a timeout context per read).
-        self._kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        self._kwargs = {**kwargs, "socket_timeout": None}
         self._watchdog = None if timeout_s is None else Watchdog(timeout_s)
         self._idle: list[Any] = []
         self._closed = False

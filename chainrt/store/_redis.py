@@ -23,6 +23,7 @@ from redis import exceptions as rx
 from .._errors import CheckpointError, CorruptRecord
 from .._settings import get_settings
 from ._cluster import close_client, split_options
+from ._cluster_lean import LOST, REDIRECTED
 from ._codec import (
     FINAL_STATUSES,
     assemble_run,
@@ -40,7 +41,7 @@ from ._codec import (
 from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
-from ._lean import pack, pack_args
+from ._lean import LeanRedis, pack, pack_args
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from ._redis_client import RedisConnection, one_line
@@ -135,7 +136,7 @@ class RedisStore(RedisConnection, CheckpointStore):
             await self._call(self._connect)
         if self.cluster:
             # The index lives in another slot: a cluster refuses a script that spans slots.
-            reply = await self._script("create_run", keys[:2], args)
+            reply = await self._script_fast("create_run", keys[:2], args)
         else:
             reply = await self._script("create", keys, args)
         if reply[0] != 0:
@@ -144,8 +145,11 @@ class RedisStore(RedisConnection, CheckpointStore):
                 "or resume that run"
             )
         if self.cluster:
-            score = {run_id: run.created_at}
-            await self._call(lambda: self._client.zadd(self.keys.index, score), key=keys[2])
+            added = pack("ZADD", keys[2], repr(run.created_at), run_id)
+            done, _ = await self._on_master(keys[2], added)
+            if not done:
+                score = {run_id: run.created_at}
+                await self._call(lambda: self._client.zadd(self.keys.index, score), key=keys[2])
         if time.time() - self._last_sweep > _SWEEP_EVERY_S:
             await self._sweep_index()
 
@@ -208,8 +212,10 @@ class RedisStore(RedisConnection, CheckpointStore):
     async def _send_commits(self, commits: list[_Commit]) -> Outcomes:
         """Group commit's sender: on one node, one commit or a whole batch as packed EVALSHAs
         on a bare connection (one round trip; each script still fenced and atomic on its own).
-        On a cluster, or with ``wait_replicas``, each goes on its own through the client (their
-        keys live in different slots; WAIT goes with each)."""
+        On a cluster, the same per master (:meth:`_send_to_masters`). With ``wait_replicas``
+        each goes on its own through the client (WAIT goes with each)."""
+        if self.cluster and not self.wait_replicas:
+            return await self._send_to_masters(commits)
         if self.cluster is not False or self.wait_replicas:
             if len(commits) == 1:
                 # Awaited here, not through gather: gather wraps it in a task, which costs
@@ -243,6 +249,68 @@ class RedisStore(RedisConnection, CheckpointStore):
                 outcomes.append(None)
         return outcomes
 
+    async def _send_to_masters(self, commits: list[_Commit]) -> Outcomes:
+        """On a cluster: the commits grouped by the master of their run's slot (the cluster
+        client's map), each group as packed EVALSHAs on a bare connection to its master, the
+        groups at once. A commit answered with a redirection (``MOVED``, ``ASK``, ``TRYAGAIN``,
+        ``CLUSTERDOWN``, ``NOSCRIPT``) or whose connection failed goes again through the cluster
+        client (:meth:`_commit_one`: it follows the redirection, retries within ``retry_for_s``
+        and updates the map the next commits are routed by)."""
+        masters = self._cluster_fast
+        groups: dict[LeanRedis | None, list[int]] = {}
+        for i, c in enumerate(commits):
+            groups.setdefault(masters.for_key(c.keys[0]), []).append(i)
+        if len(groups) == 1:  # awaited here (no task) on a lone run's critical path
+            ((lean, _),) = groups.items()
+            return await self._send_to_master(lean, commits)
+        outcomes: Outcomes = [None] * len(commits)
+
+        async def send(lean: LeanRedis | None, where: list[int]) -> None:
+            done = await self._send_to_master(lean, [commits[i] for i in where])
+            for i, outcome in zip(where, done, strict=True):
+                outcomes[i] = outcome
+
+        await asyncio.gather(*(send(lean, where) for lean, where in groups.items()))
+        return outcomes
+
+    async def _send_to_master(self, lean: LeanRedis | None, commits: list[_Commit]) -> Outcomes:
+        """``commits`` (all in slots of one master) on ``lean``; see :meth:`_send_to_masters`."""
+        if lean is None:  # the client's map has no master for the slot now
+            return await self._through_client(commits)
+        command = [_COMMIT_HEAD + pack_args((*c.keys, *c.args)) for c in commits]
+        try:
+            replies = await lean.call(command, len(commits))
+        except LOST:
+            outcomes = await self._through_client(commits)
+            await self._cluster_fast.refresh(lost=lean)
+            return outcomes
+        outcomes = []
+        again: list[int] = []
+        for i, (c, reply) in enumerate(zip(commits, replies, strict=True)):
+            outcomes.append(None)
+            try:
+                if isinstance(reply, REDIRECTED):
+                    again.append(i)
+                elif isinstance(reply, rx.ResponseError):
+                    raise self._refused(reply, c.keys[0])
+                else:
+                    self._check(reply, c.run_id, c.token, action="commit")
+            except CheckpointError as exc:
+                outcomes[i] = exc
+        if again:
+            redone = await self._through_client([commits[i] for i in again])
+            for i, outcome in zip(again, redone, strict=True):
+                outcomes[i] = outcome
+            await self._cluster_fast.refresh()
+        return outcomes
+
+    async def _through_client(self, commits: list[_Commit]) -> Outcomes:
+        """Each commit as its own script call through the client (retried, redirections
+        followed)."""
+        if len(commits) == 1:
+            return [await self._commit_one(commits[0])]
+        return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
+
     async def _commit_one(self, commit: _Commit) -> BaseException | None:
         try:
             reply = await self._script("commit", commit.keys, commit.args)
@@ -263,14 +331,16 @@ class RedisStore(RedisConnection, CheckpointStore):
             repr(owner.expires_at),
             repr(time.time()),
         ]
-        reply = await self._script("claim", [self.keys.run(run_id), self.keys.steps(run_id)], args)
+        keys = [self.keys.run(run_id), self.keys.steps(run_id)]
+        reply = await self._script_fast("claim", keys, args)
         self._check(reply, run_id, expected_token, action="claim")
         owner.token = new_token
         return new_token
 
     async def renew(self, run_id: str, token: int, expires_at: float) -> None:
         """Extend the owner lease to ``expires_at``; FencedOut if ``token`` is stale."""
-        reply = await self._script("renew", [self.keys.run(run_id)], [str(token), repr(expires_at)])
+        args = [str(token), repr(expires_at)]
+        reply = await self._script_fast("renew", [self.keys.run(run_id)], args)
         self._check(reply, run_id, token, action="renew")
 
     async def list_runs(
@@ -329,7 +399,7 @@ class RedisStore(RedisConnection, CheckpointStore):
             await self._close_fast()
             await close_client(self._redis)
         else:  # its loop is gone: nothing can be awaited there; let the collector have it
-            self._lean = self._lean_of = None
+            self._lean = self._lean_of = self._masters = self._masters_of = None
             self._redis = self._new_client()
 
     def _check(self, reply: list[Any], run_id: str, token: int, *, action: str) -> None:

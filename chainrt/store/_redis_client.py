@@ -29,8 +29,9 @@ from ._cluster import (
     is_cluster,
     is_cluster_transient,
 )
+from ._cluster_lean import LOST, REDIRECTED, ClusterLean
 from ._keys import SCRIPTS
-from ._lean import LeanRedis
+from ._lean import LeanRedis, pack
 
 __all__ = ["RedisConnection", "one_line"]
 
@@ -73,6 +74,8 @@ class RedisConnection:
     _closed: bool
     _lean: LeanRedis | None = None
     _lean_of: Any = None  # the client _lean was built from (a new loop gets a new client)
+    _masters: ClusterLean | None = None  # the same on a cluster: one LeanRedis per master
+    _masters_of: Any = None
 
     def _new_client(self) -> Any:
         # redis-py's own retries are off: _call retries with one deadline for the whole call.
@@ -154,10 +157,23 @@ class RedisConnection:
             self._lean, self._lean_of = LeanRedis(client, timeout_s=self._socket_timeout_s), client
         return self._lean
 
+    @property
+    def _cluster_fast(self) -> ClusterLean:
+        """On a cluster: bare connections to the masters of the running loop's cluster client,
+        routed by its slot map (see ``_cluster_lean``)."""
+        client = self._client
+        if self._masters is None or self._masters_of is not client:
+            self._masters = ClusterLean(client, timeout_s=self._socket_timeout_s)
+            self._masters_of = client
+        return self._masters
+
     async def _close_fast(self) -> None:
         lean, self._lean, self._lean_of = self._lean, None, None
         if lean is not None:
             await lean.aclose()
+        masters, self._masters, self._masters_of = self._masters, None, None
+        if masters is not None:
+            await masters.aclose()
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
         script = SCRIPTS[name]
@@ -174,6 +190,42 @@ class RedisConnection:
                 return await self._client.evalsha(script.sha, len(keys), *keys, *args)
 
         return await self._call(run, key=keys[0])
+
+    async def _script_fast(
+        self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """:meth:`_script`; on a cluster (without ``wait_replicas``) first as a packed EVALSHA on
+        a bare connection to the master of the keys' slot (see :meth:`_on_master`)."""
+        script = SCRIPTS[name]
+        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        done, reply = await self._on_master(keys[0], command)
+        return reply if done else await self._script(name, keys, args)
+
+    async def _on_master(self, key: str, command: bytes) -> tuple[bool, Any]:
+        """On a cluster (without ``wait_replicas``), ``command`` (packed, its keys in ``key``'s
+        slot) on a bare connection to the master of that slot: ``(True, reply)``, or a Redis
+        error reply raised as the store's error. ``(False, None)`` where the caller must send it
+        through the client instead: one node, no master known for the slot, a redirection
+        (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``, ``NOSCRIPT``: the client follows it
+        and updates its slot map) or a lost connection (the client retries within
+        ``retry_for_s``; every command sent this way is idempotent)."""
+        if not self.cluster or self.wait_replicas:
+            return False, None
+        masters = self._cluster_fast
+        lean = masters.for_key(key)
+        if lean is None:
+            return False, None
+        try:
+            (reply,) = await lean.call([command])
+        except LOST:
+            await masters.refresh(lost=lean)
+            return False, None
+        if isinstance(reply, REDIRECTED):
+            await masters.refresh()
+            return False, None
+        if isinstance(reply, rx.ResponseError):
+            raise self._refused(reply, key)
+        return True, reply
 
     async def _script_and_wait(
         self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
