@@ -62,6 +62,15 @@ class ClusterLean:
             lean = self._nodes[node.name] = LeanRedis.of_node(node, timeout_s=self._timeout_s)
         return lean
 
+    def master_of(self, key: str | bytes) -> str:
+        """The name (``host:port``) of the master that serves ``key``'s slot now, as the cluster
+        client's map says; "" while the map has none for it."""
+        data = key.encode() if isinstance(key, str) else key
+        try:
+            return str(self._client.nodes_manager.slots_cache[key_slot(data)][0].name)
+        except (KeyError, IndexError, TypeError):
+            return ""
+
     async def refresh(self, lost: LeanRedis | None = None) -> None:
         """After a call went through the cluster client: close ``lost`` (its node failed a
         call: its idle connections may be dead too) and the connections of every node that no

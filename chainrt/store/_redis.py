@@ -109,6 +109,8 @@ class RedisStore(RedisConnection, CheckpointStore):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._commits: InFlightGroup[_Commit] = InFlightGroup(self._send_commits)
+        # On a cluster: one group commit per master, by node name ("" while none is known).
+        self._per_master: dict[str, InFlightGroup[_Commit]] = {}
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -207,7 +209,16 @@ class RedisStore(RedisConnection, CheckpointStore):
             self._ttl_ms if progress.status in FINAL_STATUSES else "0",
         ]
         keys = (self.keys.run(run_id), self.keys.steps(run_id))
-        await self._commits.submit(_Commit(run_id, token, keys, args))
+        commit = _Commit(run_id, token, keys, args)
+        if self.cluster and not self.wait_replicas:
+            # One group per master: a batch waits only for its own master's round trip.
+            master = self._cluster_fast.master_of(keys[0])
+            group = self._per_master.get(master)
+            if group is None:
+                group = self._per_master[master] = InFlightGroup(self._send_commits)
+            await group.submit(commit)
+            return
+        await self._commits.submit(commit)
 
     async def _send_commits(self, commits: list[_Commit]) -> Outcomes:
         """Group commit's sender: on one node, one commit or a whole batch as packed EVALSHAs
