@@ -13,8 +13,10 @@ try. A release cut short by a cancellation is finished the same way.
 
 Redis Cluster: :meth:`RedisLimiter.from_url` finds out on first use whether the URL names a
 cluster node (as the store does) and then uses redis-py's cluster client. Each concurrency key's
-state shares one hash tag, so every script touches one slot; wake-ups are plain pub/sub, which a
-cluster delivers on every node. While a failover or a resharding is under way, script calls are
+state shares one hash tag, so every script touches one slot: script calls go on bare connections
+to the master of that slot (:mod:`..store._cluster_lean`), and through the cluster client when
+redirected or when a connection fails. Wake-ups are plain pub/sub, which a cluster delivers on
+every node. While a failover or a resharding is under way, script calls are
 retried for up to ``cluster_retry_s``.
 """
 

@@ -41,7 +41,7 @@ from ._codec import (
 from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
-from ._lean import LeanRedis, pack, pack_args
+from ._lean import pack, pack_args
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from ._redis_client import RedisConnection, one_line
@@ -268,24 +268,27 @@ class RedisStore(RedisConnection, CheckpointStore):
         client (:meth:`_commit_one`: it follows the redirection, retries within ``retry_for_s``
         and updates the map the next commits are routed by)."""
         masters = self._cluster_fast
-        groups: dict[LeanRedis | None, list[int]] = {}
+        groups: dict[str, list[int]] = {}
         for i, c in enumerate(commits):
-            groups.setdefault(masters.for_key(c.keys[0]), []).append(i)
-        if len(groups) == 1:  # awaited here (no task) on a lone run's critical path
-            ((lean, _),) = groups.items()
-            return await self._send_to_master(lean, commits)
+            groups.setdefault(masters.master_of(c.keys[0]), []).append(i)
+        if len(groups) == 1:  # (the usual case: the batch of one master's group commit)
+            return await self._send_to_master(commits)
         outcomes: Outcomes = [None] * len(commits)
 
-        async def send(lean: LeanRedis | None, where: list[int]) -> None:
-            done = await self._send_to_master(lean, [commits[i] for i in where])
+        async def send(where: list[int]) -> None:
+            done = await self._send_to_master([commits[i] for i in where])
             for i, outcome in zip(where, done, strict=True):
                 outcomes[i] = outcome
 
-        await asyncio.gather(*(send(lean, where) for lean, where in groups.items()))
+        await asyncio.gather(*(send(where) for where in groups.values()))
         return outcomes
 
-    async def _send_to_master(self, lean: LeanRedis | None, commits: list[_Commit]) -> Outcomes:
-        """``commits`` (all in slots of one master) on ``lean``; see :meth:`_send_to_masters`."""
+    async def _send_to_master(self, commits: list[_Commit]) -> Outcomes:
+        """``commits`` (all in slots of one master, by the map) on a bare connection to it;
+        see :meth:`_send_to_masters`."""
+        # Looked up here, with no pause before the call: connections closed by another batch's
+        # refresh are never handed out.
+        lean = self._cluster_fast.for_key(commits[0].keys[0])
         if lean is None:  # the client's map has no master for the slot now
             return await self._through_client(commits)
         command = [_COMMIT_HEAD + pack_args((*c.keys, *c.args)) for c in commits]
