@@ -305,6 +305,7 @@ class Runner:
                 # resume can start at once; the recorded steps stay.
                 with contextlib.suppress(ChainRTError, asyncio.CancelledError):
                     await asyncio.shield(journal.release())
+            journal.close()
         return journal.result()
 
     async def _loop(

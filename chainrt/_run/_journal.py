@@ -8,15 +8,16 @@ written. Nothing here decides anything about the budget.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from .._errors import ChainRTError, RecordTooLarge, StoreUnavailable
 from .._result import RunResult
 from ..spec import StepSpec
+from ..store._built import run_progress
 from ..store._protocol import CheckpointStore
-from ..store._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
+from ..store._records import FINAL_STEP_STATUSES, RunRecord, StepRecord
+from ..store._watchdog import Watchdog
 
 __all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal"]
 
@@ -70,6 +71,9 @@ class RunJournal:
         self._update: dict[str, Any] = {}
         self.token = record.fencing_token
         self.clock = clock
+        # Bounds each commit: one timer per execution, set for the budget's end, instead of an
+        # asyncio.timeout (a timer scheduled and cancelled) per commit.
+        self._guard = Watchdog(COMMIT_GRACE_S)
         self.done = dict(done)
         self.waits_ms: dict[str, float] = dict(record.waits_ms)
         self.scope: dict[str, Any] = {
@@ -103,6 +107,10 @@ class RunJournal:
             for s in steps
             if s.id not in self.done or self.done[s.id].status not in FINAL_STEP_STATUSES
         ]
+
+    def close(self) -> None:
+        """Cancel the commits' timer (the execution is over; a later commit sets it again)."""
+        self._guard.stop()
 
     def result(self) -> RunResult:
         """The run as the caller sees it now."""
@@ -154,7 +162,7 @@ class RunJournal:
         The write may take the budget that is left, and at least :data:`COMMIT_GRACE_S`;
         past that the store counts as unavailable (StoreUnavailable).
         """
-        progress = RunProgress(
+        progress = run_progress(
             status=status,
             budget_used_ms=round(self.clock.used_ms(), 3),
             output=output,
@@ -170,8 +178,9 @@ class RunJournal:
             # Not wait_for: on Python 3.11 a cancellation racing the write can leave the
             # write's own error (FencedOut) unretrieved in wait_for's inner task, printed
             # as a traceback at exit. Here the write runs in this task and its error is raised.
-            async with asyncio.timeout(timeout):
-                await self.store.commit(self.run_id, self.token, progress, step)
+            await self._guard.run(
+                self.store.commit(self.run_id, self.token, progress, step), timeout
+            )
         except RecordTooLarge as exc:
             raise _Unrecordable(exc.message) from None
         except (ValueError, RecursionError) as exc:
@@ -185,19 +194,17 @@ class RunJournal:
             ) from None
         if step is not None:
             self.done[step.step_id] = step
-        update: dict[str, Any] = {
-            "status": status,
-            "budget_used_ms": progress.budget_used_ms,
-            "waits_ms": dict(self.waits_ms),
-            "output": output,
-            "error": error,
-            "stopped_at": stopped_at,
-            "updated_at": time.time(),
-        }
+        update = self._update
+        update["status"] = status
+        update["budget_used_ms"] = progress.budget_used_ms
+        update["waits_ms"] = progress.waits_ms  # a copy of self.waits_ms, not changed after this
+        update["output"] = output
+        update["error"] = error
+        update["stopped_at"] = stopped_at
+        update["updated_at"] = time.time()
         if budget_total is not None:
             update["budget_total_ms"] = budget_total
         if trace is not None:
             update["trace"] = trace
         if release:
             update["owner"] = None
-        self._update.update(update)

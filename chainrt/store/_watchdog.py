@@ -1,10 +1,12 @@
-"""One timer for many deadlines of the same length: the bound of every hot-path Redis call.
+"""One timer for many deadlines: the bound of every hot-path Redis call and of every commit.
 
 ``asyncio.timeout`` schedules and cancels a timer per use (about 8 us on a 2-CPU machine: as
-much as a tenth of a durable step). Calls that all get the same bound (the store's socket
-timeout) start in deadline order, so one timer, set for the oldest call still running and moved
-on when it fires, bounds them all: a call costs a dict entry, and the timer fires about once per
-bound while calls keep coming. A call still running at its deadline is cancelled and raises
+much as a tenth of a durable step). Here one timer, set for the earliest deadline of the calls
+still running, bounds them all: a call costs a dict entry, and the timer is moved only when a
+call comes with a deadline earlier than the one it is set for (calls that all get the same bound,
+like the store's socket timeout, start in deadline order and never move it; a run's commits share
+its budget's end). When it fires it cancels the calls past their deadline and is set again for
+the earliest of the rest, if any. A call still running at its deadline is cancelled and raises
 ``TimeoutError``, as under ``asyncio.timeout`` (a cancellation from elsewhere stays a
 cancellation).
 """
@@ -21,7 +23,10 @@ T = TypeVar("T")
 
 
 class Watchdog:
-    """Bounds awaited work to ``bound_s`` each, with one timer per event loop use."""
+    """Bounds awaited work (``bound_s`` each unless a call says otherwise), with one timer.
+
+    Used from one event loop at a time (a new loop re-arms it; the old loop's calls are gone).
+    """
 
     def __init__(self, bound_s: float) -> None:
         self.bound_s = bound_s
@@ -30,26 +35,33 @@ class Watchdog:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def run(self, work: Awaitable[T]) -> T:
-        """``await work`` in the current task; ``TimeoutError`` once ``bound_s`` has passed.
+    async def run(self, work: Awaitable[T], bound_s: float | None = None) -> T:
+        """``await work`` in the current task; ``TimeoutError`` once ``bound_s`` (default: the
+        watchdog's) has passed.
 
-        One call at a time per task (the task is the key).
+        One call at a time per task (the task is the key; a nested call of the same task on the
+        same watchdog gets an ``asyncio.timeout`` of its own).
         """
+        bound = self.bound_s if bound_s is None else bound_s
         task = asyncio.current_task()
         if task is None or task in self._running:
-            async with asyncio.timeout(self.bound_s):
+            async with asyncio.timeout(bound):
                 return await work
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.bound_s
+        deadline = loop.time() + bound
         self._running[task] = deadline
-        if self._timer is None or self._loop is not loop:  # (a new loop: the old one is gone)
+        timer = self._timer
+        if timer is None or self._loop is not loop:  # (a new loop: the old one is gone)
             self._timer, self._loop = loop.call_at(deadline, self._check, loop), loop
+        elif deadline < timer.when():
+            timer.cancel()
+            self._timer = loop.call_at(deadline, self._check, loop)
         cancelling = task.cancelling()
         try:
             return await work
         except asyncio.CancelledError:
             if task in self._expired and task.uncancel() <= cancelling:
-                raise TimeoutError(f"not done within {self.bound_s:g}s") from None
+                raise TimeoutError(f"not done within {bound:g}s") from None
             raise
         finally:
             del self._running[task]
@@ -70,7 +82,8 @@ class Watchdog:
             self._timer = loop.call_at(following, self._check, loop)
 
     def stop(self) -> None:
-        """Cancel the timer (the work still running is left unbounded)."""
+        """Cancel the timer (the work still running is left unbounded; a later call sets it
+        again)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
