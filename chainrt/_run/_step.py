@@ -17,6 +17,7 @@ from .._errors import ChainRTError, ConcurrencyError, ConcurrencyRejected, Templ
 from ..concurrency import Holding, KeyRequest, Limiter
 from ..spec import StepSpec, render_value
 from ..spec._models import ConcurrencyKeySpec, rate_per_second
+from ..store._built import step_record as built_step_record
 from ..store._records import FINAL_STEP_STATUSES, AttemptRecord, StepRecord
 
 __all__ = [
@@ -119,26 +120,46 @@ async def run_step(
     model = step.llm.model if step.llm is not None else None
     step_scope = {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
     waits: dict[str, float] = {}
-    try:
-        holding = await acquire_keys(
-            limiter, step.concurrency, step_scope, within_ms=allot_ms, holder=f"{run_id}:{step.id}"
-        )
-    except ConcurrencyRejected as exc:
-        outcome = StepOutcome("rejected", error=exc.message)
-    except (ConcurrencyError, TemplateError) as exc:  # a key that cannot be a key
-        outcome = StepOutcome("failed", error=f"concurrency: {exc.message}")
+    if not step.concurrency:  # no keys to take or give back: no limiter call at all
+        outcome = await _execute(executor, step, step_scope, run_id, deadline, source_dir)
     else:
-        waits = holding.waits_ms
         try:
-            outcome = await executor.run(
-                step, step_scope, run_id=run_id, deadline=deadline, source_dir=source_dir
+            holding = await acquire_keys(
+                limiter,
+                step.concurrency,
+                step_scope,
+                within_ms=allot_ms,
+                holder=f"{run_id}:{step.id}",
             )
-        except ChainRTError as exc:
-            outcome = StepOutcome("failed", error=exc.message)
-        finally:
-            await holding.release()
+        except ConcurrencyRejected as exc:
+            outcome = StepOutcome("rejected", error=exc.message)
+        except (ConcurrencyError, TemplateError) as exc:  # a key that cannot be a key
+            outcome = StepOutcome("failed", error=f"concurrency: {exc.message}")
+        else:
+            waits = holding.waits_ms
+            try:
+                outcome = await _execute(executor, step, step_scope, run_id, deadline, source_dir)
+            finally:
+                await holding.release()
     elapsed_ms = (time.perf_counter() - t0) * 1000
     return step_record(step, outcome, allot_ms, started_at, elapsed_ms, waits)
+
+
+async def _execute(
+    executor: KindExecutor,
+    step: StepSpec,
+    scope: dict[str, Any],
+    run_id: str,
+    deadline: float,
+    source_dir: Path | None,
+) -> StepOutcome:
+    """The step kind's executor; a ChainRTError it raises is the step's failure."""
+    try:
+        return await executor.run(
+            step, scope, run_id=run_id, deadline=deadline, source_dir=source_dir
+        )
+    except ChainRTError as exc:
+        return StepOutcome("failed", error=exc.message)
 
 
 def step_record(
@@ -149,8 +170,9 @@ def step_record(
     elapsed_ms: float,
     waits: dict[str, float] | None = None,
 ) -> StepRecord:
-    """The record a step's outcome is written as."""
-    return StepRecord(
+    """The record a step's outcome is written as (built without validation: every value here
+    is the runtime's own, of the right type)."""
+    return built_step_record(
         step_id=step.id,
         status=outcome.status,
         output=outcome.output,

@@ -30,6 +30,7 @@ from .._context import StepContext
 from .._errors import ChainRTError
 from ..dispatch._policy import MIN_ATTEMPT_S, Failure, MoveOn, Retry, decide_retry
 from ..spec import StepSpec, render_value, resolve_callable
+from ..store._built import attempt_record
 from ..store._records import AttemptRecord
 from ._step import StepOutcome
 
@@ -185,11 +186,7 @@ class _Tries:
         )
 
     def _log(self, number: int, status: str, elapsed_ms: float, detail: str | None) -> None:
-        self.log.append(
-            AttemptRecord(
-                attempt=number, status=status, elapsed_ms=round(elapsed_ms, 3), detail=detail
-            )
-        )
+        self.log.append(attempt_record(number, status, round(elapsed_ms, 3), detail))
 
     # ------------------------------------------------------------------ tenacity hooks
 

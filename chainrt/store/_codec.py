@@ -42,6 +42,7 @@ _M = TypeVar("_M", bound=BaseModel)
 _ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {
     model: TypeAdapter(model) for model in (RunRecord, StepRecord, RunProgress)
 }
+_SERIALIZERS = {model: model.__pydantic_serializer__ for model in _ADAPTERS}
 _STATUSES = FINAL_STATUSES | {"queued", "running"}
 _TRACE: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
@@ -55,7 +56,9 @@ def encode(record: RunRecord | StepRecord | RunProgress, *, limit: int, what: st
     if spec is not None and isinstance(record, RunRecord):
         data = _run_with_spec(record, spec)
     else:
-        data = _ADAPTERS[type(record)].dump_json(record, by_alias=True)
+        # The model's own serializer, called directly: TypeAdapter.dump_json's keyword handling
+        # costs about as much as serialising a step record (issue 18).
+        data = _SERIALIZERS[type(record)].to_json(record, by_alias=True)
     if len(data) > limit:
         raise RecordTooLarge(
             f"{what} is {_size(len(data))} as JSON, over the store's limit of {_size(limit)} "
