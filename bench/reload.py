@@ -30,7 +30,9 @@ ended within a fixed stretch from a reload's ask (the reloads' median time to an
 ``--around`` seconds; those in flight across it included) with the requests that ended in as long
 a stretch from a control's midpoint, pooled, with its own interval: the reload's cost read
 against what the same moment costs with no reload. ``--dump FILE`` writes every request and
-episode as JSON, to be read again without a GPU.
+episode as JSON, to be read again without a GPU: ``--from-dump A.json [B.json ...]`` prints the
+report again from dumps instead of running, pooling the episodes of every file given (runs of the
+same code on different leases: more episodes narrow the intervals).
 ``--prompts N`` makes the clients cycle through N prompts of different lengths (the shapes a
 reload's warm-up has to cover), client ``i`` starting at prompt ``i``.
 """
@@ -286,6 +288,30 @@ def _short(text: str) -> str:
     return " ".join(f"{k}={body[k]}" for k in keys if k in body) or text[:200]
 
 
+def from_dumps(paths: list[Path], around: float) -> bool:
+    """Print the report of the episodes of every dump in ``paths`` pooled (:func:`report`).
+
+    Each file's clock is its own machine's: its times are moved past the previous file's, so
+    that an episode's windows only ever hold the requests of its own run."""
+    seen = Seen()
+    episodes: list[Episode] = []
+    offset = 0.0
+    for path in paths:
+        record = json.loads(path.read_text())
+        answers = [(float(s), float(e), str(m)) for s, e, m in record["answers"]]
+        times = [t for s, e, _ in answers for t in (s, e)]
+        shift = offset - min(times, default=0.0)
+        seen.answers.extend((s + shift, e + shift, m) for s, e, m in answers)
+        for raw in record["episodes"]:
+            episode = Episode(**raw)
+            for name in ("opened", "asked", "swapped", "closed"):
+                setattr(episode, name, getattr(episode, name) + shift)
+            episodes.append(episode)
+        offset = max(times, default=0.0) + shift + 3600.0
+        print(f"{path}: {len(answers)} requests, {len(record['episodes'])} episodes")
+    return report(episodes, seen, around)
+
+
 def main() -> int:
     """Run the benchmark; exit 1 when a request failed, readiness dropped or a reload failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -308,7 +334,16 @@ def main() -> int:
     parser.add_argument(
         "--random-model", action="store_true", help="torch: serve a random-weights Llama built here"
     )
+    parser.add_argument(
+        "--from-dump",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="print the report from dumps written by --dump (episodes pooled), run nothing",
+    )
     args = parser.parse_args()
+    if args.from_dump:
+        return 0 if from_dumps(args.from_dump, args.around) else 1
     if args.engine == "torch" and not args.random_model:
         parser.error("--engine torch needs --random-model (nothing is downloaded)")
     folder = Path(tempfile.mkdtemp(prefix="chainrt-reload-"))
