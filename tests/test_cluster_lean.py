@@ -118,6 +118,9 @@ async def test_a_slot_mid_migration_is_followed_with_asking(
         before = _errors(source, "ASK")
         await _commit(store, "asked", "s2")  # source: ASK; the cluster client sends ASKING first
         assert _errors(source, "ASK") > before
+        # Reads follow the migration too: inspect and resume read a run while its slot moves.
+        assert sorted(await store.get_steps("asked")) == ["s1", "s2"]
+        assert (await store.get_run("asked")).run_id == "asked"
         for port in redis_cluster.masters():
             node = redis.Redis(host="127.0.0.1", port=port)
             node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)  # type: ignore[no-untyped-call]

@@ -168,6 +168,11 @@ class RedisStore(RedisConnection, CheckpointStore):
         run_key, steps_key = self.keys.run(run_id), self.keys.steps(run_id)
 
         async def read() -> list[Any]:
+            if self.cluster:
+                # A MULTI is not redirected while the run's slot migrates (ASK): it failed until
+                # the migration ended. Two commands are, each on its own. A run deleted between
+                # them reads as one with no steps, as a read just after its deletion would.
+                return [await self._client.exists(run_key), await self._client.hgetall(steps_key)]
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.exists(run_key)
                 pipe.hgetall(steps_key)
