@@ -130,7 +130,10 @@ class Episode:
     answer: str = ""
 
     def windows(self, seen: Seen) -> tuple[list[float], list[float], set[str]]:
-        """Latencies before and after, cut to the same count; the models that answered after."""
+        """Latencies before and after, cut to the same count; the models that answered the
+        requests started after the swap and before the episode closed (however long they took:
+        on a loaded CPU a request can outlast the after window, and the check must not go
+        empty)."""
         before = sorted(
             (a for a in seen.answers if a[0] >= self.opened and a[1] < self.asked),
             key=lambda a: a[0],
@@ -145,7 +148,7 @@ class Episode:
         return (
             [end - start for start, end, _ in kept_before],
             [end - start for start, end, _ in kept_after],
-            {model for _, _, model in after},
+            {model for start, _, model in seen.answers if self.swapped < start < self.closed},
         )
 
     def around(self, seen: Seen, reach: float) -> list[float]:

@@ -30,9 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.timeout(600)  # torch + transformers imports and two model loads on a loaded 2-core box
 def test_torch_engine_reload_under_four_openai_clients_fails_nothing() -> None:
+    # 20 s episodes: with its paced warm-up a reload takes ~5 s on a loaded 2-core CPU, and a
+    # request there up to ~5 s; 10 s episodes once left no request after the swap to check.
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "reload.py"), "--engine", "torch",
-         "--random-model", "--clients", "4", "--seconds", "10", "--episodes", "1"],
+         "--random-model", "--clients", "4", "--seconds", "20", "--episodes", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=540,
         env={**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
