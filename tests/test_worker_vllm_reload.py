@@ -27,6 +27,9 @@ def worker() -> Iterator[WorkerProcess]:
         yield proc
 
 
+# vLLM's start-up, a second engine core built and warmed (issue 21) and the stop, on a loaded
+# 2-core machine: 120 s ran out in the module's teardown once beside scripts/cpu_hog.
+@pytest.mark.timeout(400)
 def test_reload_under_requests_fails_none(worker: WorkerProcess) -> None:
     answered: list[tuple[float, float, str]] = []  # (sent, answered, model)
     failed: list[BaseException] = []
