@@ -51,6 +51,7 @@ from ._bridge import EngineJob
 from ._confidence import confidence_score
 from ._hf_cache import force_offline
 from ._hf_model import ModelFacts, PromptTokenizer, resolve_model_dir
+from ._host_memory import host_memory
 from ._threaded import ThreadedEngine
 from ._torch_constrain import JsonConstraint, build_lltokenizer, compile_grammar
 from ._torch_decode import DecodeJob, decode, is_oom, warm_shape
@@ -303,7 +304,8 @@ class TorchEngine(ThreadedEngine):
 
     def memory(self) -> MemoryStats | None:
         """Device memory: ``torch.cuda.mem_get_info`` (+ torch's cached, unused blocks) on CUDA,
-        available RAM on CPU; KV bytes per token from the model config."""
+        available RAM on CPU (``MemAvailable``: page cache counts as free; a cgroup limit caps
+        it); KV bytes per token from the model config."""
         torch = self._torch
         if torch is None or self._facts is None or self.device is None:
             return None
@@ -315,9 +317,7 @@ class TorchEngine(ThreadedEngine):
             free = device_free + cached_free
             extra = {"reserved_bytes": float(reserved), "cached_free_bytes": float(cached_free)}
         else:
-            page = os.sysconf("SC_PAGE_SIZE")
-            total = os.sysconf("SC_PHYS_PAGES") * page
-            free = os.sysconf("SC_AVPHYS_PAGES") * page
+            total, free = host_memory()
             extra = {}
         extra.update(
             {
