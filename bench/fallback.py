@@ -251,6 +251,7 @@ async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[st
         worker.faults(error_rate=args.error_rate)
     if args.scenario == "hung":
         workers[1].faults(hang=True)
+        print(f"hung endpoint: {workers[1].base}", flush=True)  # to read the attempt trails
     primaries, backup = workers[:2], (workers[2] if len(workers) > 2 else None)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:

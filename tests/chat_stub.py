@@ -1,10 +1,12 @@
 """A small real HTTP server speaking OpenAI chat completions with chainrt's ``confidence_score``:
-one fixed answer, one fixed score, a request count. Stands in for "another model" in tests."""
+one fixed answer, one fixed score, a request count, optionally a fixed delay before each answer.
+Stands in for "another model" in tests."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,10 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class ChatStub(ThreadingHTTPServer):
     """A chat-completions server answering ``answer`` with ``confidence``; counts requests."""
 
-    def __init__(self, answer: str, confidence: float) -> None:
+    def __init__(self, answer: str, confidence: float, delay_s: float = 0.0) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.answer = answer
         self.confidence = confidence
+        self.delay_s = delay_s
+        """Seconds each answer waits before it is sent (a model's generation time)."""
         self.requests = 0
         self.lock = threading.Lock()
 
@@ -32,6 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         with self.server.lock:
             self.server.requests += 1
+        if self.server.delay_s > 0:
+            time.sleep(self.server.delay_s)
         body = json.dumps(
             {
                 "id": "chatcmpl-x",
@@ -60,9 +66,9 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
 
-def serve(answer: str, confidence: float) -> Iterator[ChatStub]:
+def serve(answer: str, confidence: float, delay_s: float = 0.0) -> Iterator[ChatStub]:
     """Run a :class:`ChatStub` in a thread for the duration of a fixture."""
-    server = ChatStub(answer, confidence)
+    server = ChatStub(answer, confidence, delay_s)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -30,6 +30,7 @@ from chainrt.dispatch._policy import (
     next_tried,
     queued_out,
     reserve_for,
+    trial_span,
 )
 
 A = Candidate("a", capacity=3.0)
@@ -174,6 +175,20 @@ def test_fallback_need(rest: list[NextCandidate], left: float, expected: float) 
 )
 def test_judged_after(own_p90: float | None, expected: float) -> None:
     assert judged_after(own_p90) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("own_p90", "something_after", "expected"),
+    [
+        (0.6, True, 0.6),  # the model's usual 90th percentile tells whether it answers again
+        (0.05, True, 0.25),  # never below MIN_STUCK_S: tiny answers' figures are noisy
+        (0.6, False, None),  # the trial is the step's last chance: not capped
+        (None, True, None),  # nothing known of the model: not capped
+    ],
+)
+def test_trial_span(own_p90: float | None, something_after: bool, expected: float | None) -> None:
+    got = trial_span(own_p90, something_after=something_after)
+    assert got == (None if expected is None else pytest.approx(expected))
 
 
 LOCAL = NextCandidate("local", 0.3, 0.5)

@@ -43,6 +43,7 @@ from ._policy import (
     next_tried,
     queued_out,
     reserve_for,
+    trial_span,
     worth_starting,
 )
 from ._types import LlmAnswer, LlmCall
@@ -240,6 +241,10 @@ class _ModelTry:
             self._log("skipped", 0.0, None, why)
             raise _Skipped(why)
         self.reserve_s = reserve_for(rest, left, keep_partial=call.keep_partial)
+        retry_elsewhere = (
+            self.tries_used < call.attempts
+            and self.backend.usable_count(frozenset(self.avoid)) >= 2
+        )
         end = attempt_end(
             now,
             self.deadline,
@@ -248,8 +253,7 @@ class _ModelTry:
             attempt_timeout_s=None
             if call.attempt_timeout_ms is None
             else call.attempt_timeout_ms / 1000,
-            retry_elsewhere=self.tries_used < call.attempts
-            and self.backend.usable_count(frozenset(self.avoid)) >= 2,
+            retry_elsewhere=retry_elsewhere,
             fallback_next=self.reserve_s > 0,
             keep_s=fallback_need(rest, left, keep_partial=call.keep_partial),
         )
@@ -276,10 +280,12 @@ class _ModelTry:
             raise _Skipped(why)
         started = time.perf_counter()
         # The attempt's number goes with the call: interceptors of the backend (tracing) read it.
+        p90 = self.d.expected(model, call, self.max_tokens, 0.9)
         attempt = dataclasses.replace(
             call,
             attempt=len(self.attempts) + 1,
-            judged_after_s=judged_after(self.d.expected(model, call, self.max_tokens, 0.9)),
+            judged_after_s=judged_after(p90),
+            trial_s=trial_span(p90, something_after=retry_elsewhere or self.reserve_s > 0),
         )
         avoid = frozenset(self.avoid)
         self.paired = False

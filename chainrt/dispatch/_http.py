@@ -180,12 +180,24 @@ class HttpBackend(ModelBackend):
         table = self.resources.table
         finished = False
         started = time.monotonic()
+        deadline, capped = _trial_deadline(call, ticket, deadline)
         try:
             if call.on_endpoint is not None:
                 call.on_endpoint(url)
             try:
                 answer = await self._post(call, url, max_tokens, deadline, on_text)
             except BackendError as exc:
+                if exc.error_class == "timeout" and capped:
+                    # The trial had the model's usual time (its p90): the endpoint still does
+                    # not answer, which is the verdict the trial was for.
+                    table.finish(ticket, error_class="timeout", now=time.monotonic())
+                    finished = True
+                    raise _error(
+                        f"{exc.message} (the trial of an endpoint whose circuit was open, cut "
+                        "at the model's p90)",
+                        "timeout",
+                        url,
+                    ) from None
                 if exc.error_class == "timeout" and not _judged(call, started):
                     table.abandon(ticket)
                     finished = True
@@ -206,7 +218,7 @@ class HttpBackend(ModelBackend):
             return answer
         finally:
             if not finished:
-                if time.time() >= deadline and _judged(call, started):
+                if time.time() >= deadline and (capped or _judged(call, started)):
                     # Cut after its end (the dispatcher's guard): the endpoint did not answer
                     # in time, which is what the timeout breaker counts.
                     table.finish(ticket, error_class="timeout", now=time.monotonic())
@@ -444,6 +456,15 @@ def error_from_response(
     if error_class == "timeout":
         return BackendError(what, error_class=error_class, endpoint=url)
     return BackendError(what, error_class=error_class, retry_after_s=retry_after, endpoint=url)
+
+
+def _trial_deadline(call: LlmCall, ticket: Ticket, deadline: float) -> tuple[float, bool]:
+    """The attempt's end on the endpoint it was let through to, and whether it was capped:
+    a half-open breaker's trial ends after ``call.trial_s`` when that comes first."""
+    if not ticket.trials or call.trial_s is None:
+        return deadline, False
+    cap = time.time() + call.trial_s
+    return (cap, True) if cap < deadline else (deadline, False)
 
 
 def _judged(call: LlmCall, started: float) -> bool:

@@ -54,6 +54,7 @@ __all__ = [
     "next_tried",
     "queued_out",
     "reserve_for",
+    "trial_span",
     "worth_starting",
 ]
 
@@ -98,6 +99,24 @@ MIN_JUDGED_UNKNOWN_S = 1.0
 only after running this long: one cut sooner (to keep a fallback's reserve, behind a queue) says
 nothing, and the ``timeout`` breaker opens on the first judged timeout of an endpoint that has
 never answered."""
+
+
+def trial_span(own_p90_s: float | None, *, something_after: bool) -> float | None:
+    """The longest a half-open trial may run on an endpoint whose breaker opened (None: no cap).
+
+    A trial asks one question — does this endpoint answer again? — and the model's expected
+    90th percentile for the request (at least :data:`MIN_STUCK_S`) answers it: a trial that
+    has not answered by then counts as the timeout it is (:func:`judged_after` is that same
+    figure) and the breaker reopens. Capped only when ``something_after`` could still answer
+    (another endpoint, a fallback): a trial that is the step's last chance keeps its cut-off.
+    Unknown latency: no cap. Without it a trial on a hung endpoint ran to the attempt's usual
+    cut (3x the model's median, up to the fallback's reserve when no retry elsewhere was
+    possible): 1,469 ms of a 3 s step in ``bench/fallback.py --scenario hung --load-cores 2``,
+    and the healthy endpoint's retry, then the local model, had too little left (issue 14).
+    """
+    if own_p90_s is None or not something_after:
+        return None
+    return max(own_p90_s, MIN_STUCK_S)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,11 @@ class LlmCall:
     """A timeout of this attempt counts against its endpoint (its breaker) only when the attempt
     ran at least this long: one cut sooner than the model usually needs (to keep a fallback's
     reserve) says nothing about the endpoint (the dispatcher sets it on each attempt's copy)."""
+    trial_s: float | None = None
+    """When the endpoint picked for this attempt is a half-open breaker's trial, the attempt is
+    cut after this many seconds (if its own end is later), and a trial cut there counts as a
+    timeout against the endpoint (the dispatcher sets it on each attempt's copy:
+    :func:`~chainrt.dispatch._policy.trial_span`; None: no cap)."""
     on_token: Callable[[str], None] | None = None
     """Set: stream the answer — each piece of generated text is passed here as it arrives (from
     every attempt: after a failed one, the next attempt's text starts over)."""
