@@ -23,7 +23,8 @@ import pytest
 from chat_stub import ChatStub, serve
 
 from chainrt.dispatch import make_dispatcher
-from chainrt.dispatch._http import HttpBackend
+from chainrt.dispatch._endpoints import EndpointState, Ticket
+from chainrt.dispatch._http import HttpBackend, _trial_deadline
 from chainrt.dispatch._policy import trial_span
 from chainrt.dispatch._types import LlmCall
 
@@ -96,3 +97,31 @@ async def test_a_trial_on_a_hung_endpoint_is_cut_at_the_models_p90(
     # The cut trial is the verdict: the circuit reopened, its cool-down doubles from here.
     breaker = table.state(silent).breakers["timeout"]
     assert (breaker.phase, breaker.failed_trials) == ("open", 1)
+
+
+@pytest.mark.parametrize(
+    ("trials", "trial_s", "end_in_s", "capped"),
+    [
+        (frozenset({"timeout"}), 0.3, 5.0, True),  # a timeout trial: cut at its span
+        (frozenset({"timeout", "5xx"}), 0.3, 5.0, True),
+        (frozenset({"timeout"}), 0.3, 0.1, False),  # its own end comes first
+        (frozenset({"timeout"}), None, 5.0, False),  # no span: the step's last chance
+        (frozenset(), 0.3, 5.0, False),  # not a trial
+        # A 5xx or low-confidence trial asks whether the endpoint answers without an error.
+        (frozenset({"5xx"}), 0.3, 5.0, False),
+        (frozenset({"low_confidence"}), 0.3, 5.0, False),
+    ],
+)
+def test_trial_deadline(
+    trials: frozenset[str], trial_s: float | None, end_in_s: float, capped: bool
+) -> None:
+    call = LlmCall(model="m", messages=[("user", "hi")], trial_s=trial_s)
+    deadline = time.time() + end_in_s
+    end, was_capped = _trial_deadline(call, Ticket(EndpointState("u"), trials), deadline)
+    assert was_capped is capped
+    if capped:
+        assert trial_s is not None
+        assert end < deadline
+        assert end <= time.time() + trial_s
+    else:
+        assert end == deadline

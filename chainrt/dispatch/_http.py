@@ -460,8 +460,10 @@ def error_from_response(
 
 def _trial_deadline(call: LlmCall, ticket: Ticket, deadline: float) -> tuple[float, bool]:
     """The attempt's end on the endpoint it was let through to, and whether it was capped:
-    a half-open breaker's trial ends after ``call.trial_s`` when that comes first."""
-    if not ticket.trials or call.trial_s is None:
+    the trial of a half-open ``timeout`` breaker ends after ``call.trial_s`` when that comes
+    first (the trials of other classes ask whether the endpoint answers without an error, which
+    a cut would not tell)."""
+    if "timeout" not in ticket.trials or call.trial_s is None:
         return deadline, False
     cap = time.time() + call.trial_s
     return (cap, True) if cap < deadline else (deadline, False)

@@ -102,7 +102,8 @@ never answered."""
 
 
 def trial_span(own_p90_s: float | None, *, something_after: bool) -> float | None:
-    """The longest a half-open trial may run on an endpoint whose breaker opened (None: no cap).
+    """The longest a half-open trial may run on an endpoint whose ``timeout`` breaker opened
+    (None: no cap).
 
     A trial asks one question — does this endpoint answer again? — and the model's expected
     90th percentile for the request (at least :data:`MIN_STUCK_S`) answers it: a trial that

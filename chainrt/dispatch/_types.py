@@ -55,9 +55,9 @@ class LlmCall:
     ran at least this long: one cut sooner than the model usually needs (to keep a fallback's
     reserve) says nothing about the endpoint (the dispatcher sets it on each attempt's copy)."""
     trial_s: float | None = None
-    """When the endpoint picked for this attempt is a half-open breaker's trial, the attempt is
-    cut after this many seconds (if its own end is later), and a trial cut there counts as a
-    timeout against the endpoint (the dispatcher sets it on each attempt's copy:
+    """When the endpoint picked for this attempt is a half-open ``timeout`` breaker's trial,
+    the attempt is cut after this many seconds (if its own end is later), and a trial cut there
+    counts as a timeout against the endpoint (the dispatcher sets it on each attempt's copy:
     :func:`~chainrt.dispatch._policy.trial_span`; None: no cap)."""
     on_token: Callable[[str], None] | None = None
     """Set: stream the answer — each piece of generated text is passed here as it arrives (from
