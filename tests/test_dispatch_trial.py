@@ -7,7 +7,8 @@ sent to the silent endpoint is cut as any attempt is (3x the model's median) and
 and it is cut at the model's expected p90 for the request (its marker in the attempt log),
 counted as a timeout (the breaker reopens, one failed trial), and the step is answered by the
 other endpoint. Before, a trial ran to the attempt's usual cut: in ``bench/fallback.py --scenario
-hung --load-cores 2`` it took 1,469 ms of a 3 s step and the local fallback was cut at 371 ms.
+hung --load-cores 2`` a step's two primary attempts, one of them the trial, took 1,472 + 1,175 ms
+of its 3 s and the local fallback was cut at 371 ms.
 """
 
 from __future__ import annotations

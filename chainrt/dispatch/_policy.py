@@ -112,8 +112,9 @@ def trial_span(own_p90_s: float | None, *, something_after: bool) -> float | Non
     (another endpoint, a fallback): a trial that is the step's last chance keeps its cut-off.
     Unknown latency: no cap. Without it a trial on a hung endpoint ran to the attempt's usual
     cut (3x the model's median, up to the fallback's reserve when no retry elsewhere was
-    possible): 1,469 ms of a 3 s step in ``bench/fallback.py --scenario hung --load-cores 2``,
-    and the healthy endpoint's retry, then the local model, had too little left (issue 14).
+    possible): in ``bench/fallback.py --scenario hung --load-cores 2`` a step's two primary
+    attempts, one of them the trial, took 1,472 + 1,175 ms of its 3 s and left the local model
+    371 ms, too little to answer (issue 14).
     """
     if own_p90_s is None or not something_after:
         return None
