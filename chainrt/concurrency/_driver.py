@@ -43,6 +43,11 @@ GRANTED = Attempt(granted=True)
 
 def canonical_order(requests: Sequence[KeyRequest]) -> list[KeyRequest]:
     """Requests sorted by key (the one order every holder takes keys in: no deadlock)."""
+    if isinstance(requests, list | tuple) and len(requests) == 1:  # the common case
+        (req,) = requests
+        if not isinstance(req, KeyRequest):
+            raise ConcurrencyError(f"acquire() takes KeyRequest objects, got {req!r}")
+        return [req]
     reqs = sorted(requests, key=lambda r: r.key)
     for req in reqs:
         if not isinstance(req, KeyRequest):
@@ -74,7 +79,7 @@ class _Holding(Holding):
         member: str,
         waits_ms: dict[str, float],
     ) -> None:
-        Holding.__init__(self, holder, tuple(r.key for r in requests), waits_ms)
+        Holding.__init__(self, holder, tuple([r.key for r in requests]), waits_ms)
         self._limiter = limiter
         self._requests = requests
         self._member = member
@@ -156,7 +161,8 @@ class BaseLimiter(Limiter):
             return _Holding(self, holder, [], "", {})
         loop = asyncio.get_running_loop()
         budget_s = timeout_s if timeout_s > 0 else 0.0  # NaN and negatives: only a free slot
-        deadline = loop.time() + budget_s
+        t0 = loop.time()
+        deadline = t0 + budget_s
         member = f"{self._iid}:{next(self._seq)}:{holder}"
         wake = Wake(loop)
         self._register(member, wake)
@@ -165,9 +171,15 @@ class BaseLimiter(Limiter):
         try:
             for req in reqs:
                 tried.append(req)
-                t0 = loop.time()
-                await self._take(req, member, wake, deadline, budget_s)
-                waits[req.key] = round((loop.time() - t0) * 1000, 3)
+                wake.clear()  # wake-ups from before this look at the state are stale
+                # The first try is awaited right here (the common case: granted at once);
+                # only a key not granted goes into the waiting loop.
+                attempt = await self._try(req, member, wake)
+                if not attempt.granted:
+                    await self._wait(req, member, wake, deadline, budget_s, attempt, t0)
+                now = loop.time()
+                waits[req.key] = round((now - t0) * 1000, 3)
+                t0 = now
         except BaseException:
             # Timeout, error or cancellation: undo every key tried, granted or queued. The undo
             # runs in its own task so that a second cancellation cannot leave it half done.
@@ -177,25 +189,32 @@ class BaseLimiter(Limiter):
             self._unregister(member)
         return _Holding(self, holder, reqs, member, waits)
 
-    async def _take(
-        self, req: KeyRequest, member: str, wake: Wake, deadline: float, budget_s: float
+    async def _wait(
+        self,
+        req: KeyRequest,
+        member: str,
+        wake: Wake,
+        deadline: float,
+        budget_s: float,
+        attempt: Attempt,
+        t0: float,
     ) -> None:
+        """Wait for ``req`` after ``attempt`` (not granted): sleep until woken or until the
+        attempt's hint, look again, until granted or past ``deadline``."""
         loop = asyncio.get_running_loop()
-        t0 = loop.time()
         while True:
-            wake.clear()  # wake-ups from before this look at the state are stale
-            attempt = await self._try(req, member, wake)
-            if attempt.granted:
-                return
             now = loop.time()
             remaining = deadline - now
             retry_in = math.inf if attempt.retry_in_s is None else max(attempt.retry_in_s, 0.0)
             # (a timer may fire a hair early: a millisecond left is no time left)
             if remaining <= 0.001 or (attempt.rate_limited and retry_in > remaining):
                 raise _rejection(req, attempt, (now - t0) * 1000, budget_s)
-            if await self._before_wait():
-                continue
-            await wake.wait(min(remaining, self.poll_s, retry_in))
+            if not await self._before_wait():
+                await wake.wait(min(remaining, self.poll_s, retry_in))
+            wake.clear()  # wake-ups from before this look at the state are stale
+            attempt = await self._try(req, member, wake)
+            if attempt.granted:
+                return
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         # asyncio keeps only weak references to tasks: hold them until they finish.

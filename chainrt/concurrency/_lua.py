@@ -60,9 +60,10 @@ TRY = (
     + r"""
 -- KEYS: holders, queue, tickets, rate, undone
 -- ARGV: member, limit, lease_ms, rate_interval_ms (0: no rate), burst, wake channel prefix
--- Returns {status, hint_ms, ahead, holders}. status 1: granted; 0: queued (wait for a wake-up,
--- or hint_ms: when the first lease or ticket would lapse); 2: queued behind the rate (retry in
--- hint_ms); 3: this acquisition was abandoned already (its undo overtook this call).
+-- Returns the integer 1 when granted (one reply line to read: the hot path), otherwise
+-- {status, hint_ms, ahead, holders}: status 0: queued (wait for a wake-up, or hint_ms: when the
+-- first lease or ticket would lapse); 2: queued behind the rate (retry in hint_ms); 3: this
+-- acquisition was abandoned already (its undo overtook this call).
 local h, q, qx, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local m, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local interval, burst, chan = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
@@ -80,7 +81,7 @@ end
 if redis.call('ZSCORE', h, m) then  -- granted by an earlier call whose answer was lost
   redis.call('ZADD', h, now + ttl, m)
   outlive(h, ttl + 1)
-  return {1, 0, 0, 0}
+  return 1
 end
 
 local held = redis.call('ZCARD', h)
@@ -117,7 +118,7 @@ if status == 1 then
   end
   -- a new head of a rated key must learn its rate wait; purged entries may have freed slots
   if purged > 0 or (queued and rated) then wake(q, in_reach(limit, h, q, rated), chan, m) end
-  return {1, 0, ahead, held}
+  return 1
 end
 
 if queued then

@@ -123,8 +123,13 @@ def _wire(
     return head, pack_args(tail)
 
 
-def _around(wire: tuple[bytes, bytes], *middle: bytes) -> bytes:
-    return wire[0] + pack_args(middle) + wire[1]
+def _bulk(data: bytes) -> bytes:
+    """``data`` as one RESP bulk string (what :func:`pack_args` makes of it, without its loop)."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+_NOT_SENT: Any = object()
+"""No reply yet (the hot path's bare call was not made or did not answer)."""
 
 
 def _text(value: bytes | str) -> str:
@@ -238,14 +243,22 @@ class RedisLimiter(BaseLimiter):
         task = asyncio.current_task()
         pending = task.cancelling() if task is not None else 0
         try:
-            if self._detect_url is not None:
-                await self._detect(self._detect_url)
-            try:
-                result = await self._script(name, keys, args, wire)
-            except Exception as exc:
-                if not (self._cluster and _retry_on_cluster(exc)):
-                    raise
-                result = await self._retry_on_cluster(name, keys, args)
+            result: Any = _NOT_SENT
+            lean = self._lean
+            if lean is not None and wire is not None:
+                # The hot path (one node, its bare connections known): the packed call with no
+                # layer around it. A lost connection or a NOSCRIPT goes through the client below.
+                try:
+                    (result,) = await lean.call([wire])
+                except LOST:
+                    result = _NOT_SENT
+                else:
+                    if isinstance(result, BaseException):
+                        if not isinstance(result, NoScriptError):
+                            raise result
+                        result = _NOT_SENT
+            if result is _NOT_SENT:
+                result = await self._eval_slowly(name, keys, args, wire, bare=lean is None)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(
                 f"concurrency keys: Redis at {self._url} cannot be reached ({exc}); "
@@ -265,22 +278,46 @@ class RedisLimiter(BaseLimiter):
             raise asyncio.CancelledError
         return result
 
+    async def _eval_slowly(
+        self,
+        name: str,
+        keys: Sequence[str | bytes],
+        args: Sequence[str | bytes | int | float],
+        wire: bytes | None,
+        *,
+        bare: bool,
+    ) -> Any:
+        """A script call other than the hot path's: the first one (finds out what the URL
+        names), any on a cluster, and one whose bare call failed (``bare=False``: through the
+        client only)."""
+        if self._detect_url is not None:
+            await self._detect(self._detect_url)
+        try:
+            return await self._script(name, keys, args, wire, bare=bare)
+        except Exception as exc:
+            if not (self._cluster and _retry_on_cluster(exc)):
+                raise
+            return await self._retry_on_cluster(name, keys, args)
+
     async def _script(
         self,
         name: str,
         keys: Sequence[str | bytes],
         args: Sequence[str | bytes | int | float],
         wire: bytes | None = None,
+        *,
+        bare: bool = True,
     ) -> Any:
-        """One script call; ``wire``: the same call already packed (see ``_Call``)."""
+        """One script call; ``wire``: the same call already packed (see ``_Call``); ``bare``:
+        on a bare connection if there is one (False: through the client only)."""
         if not self._lean_ready:
             self._lean_for_client()
-        lean = self._lean
-        if self._masters is not None:
+        lean = self._lean if bare else None
+        if bare and self._masters is not None:
             lean = self._masters.for_key(keys[0])  # None: no master known for the slot now
         if lean is not None:
-            # The hot path: a packed EVALSHA on a bare connection. A lost connection or a
-            # NOSCRIPT (on a cluster also a redirection) falls through to the client below (its
+            # A packed EVALSHA on a bare connection (on a cluster, the slot's master's). A lost
+            # connection or a NOSCRIPT (on a cluster also a redirection) goes to the client (its
             # retries, its EVAL; the cluster client follows the redirection and updates the
             # slot map the next calls are routed by).
             try:
@@ -349,17 +386,19 @@ class RedisLimiter(BaseLimiter):
     async def _try(self, req: KeyRequest, member: str, wake: Wake) -> Attempt:
         if self._closed:
             raise ConcurrencyError("this limiter is closed; open a new one")
-        call = self._call(req)
+        call = self._calls.get(req) or self._call(req)
         # Awaited directly (no task: this is the hot path). If the caller is cancelled now, the
         # call may still land; the undo that follows either removes what it did or, arriving
         # first, marks the member so that it does nothing (see FORGET).
         who = member.encode()
-        status, hint_ms, ahead, held = await self._eval(
-            "TRY", call.try_keys, (who, *call.try_args), _around(call.try_wire, who)
+        wire = call.try_wire
+        reply = await self._eval(
+            "TRY", call.try_keys, (who, *call.try_args), wire[0] + _bulk(who) + wire[1]
         )
-        if status == 1:
+        if reply == 1:  # granted (any other answer is a list)
             self._track(req, member)
             return GRANTED
+        status, hint_ms, ahead, held = reply
         if status == 3:
             raise ConcurrencyError(f"acquisition of {req.key!r} by {holder_of(member)} was undone")
         return Attempt(
@@ -375,12 +414,16 @@ class RedisLimiter(BaseLimiter):
             self._untrack(req.key, member)
         if self._client_closed:
             return  # close() already gave back everything this instance held
-        head = (member.encode(), b"1" if undo else b"0")
+        who, flag = member.encode(), b"1" if undo else b"0"
+        middle = _bulk(who) + (b"$1\r\n1\r\n" if undo else b"$1\r\n0\r\n")
         for req in requests:
-            call = self._call(req)
+            call = self._calls.get(req) or self._call(req)
+            wire = call.forget_wire
             try:
-                wire = _around(call.forget_wire, *head)
-                await self._eval("FORGET", call.forget_keys, (*head, *call.forget_args), wire)
+                await self._eval(
+                    "FORGET", call.forget_keys, (who, flag, *call.forget_args),
+                    wire[0] + middle + wire[1],
+                )  # fmt: skip
             except Exception as exc:  # never raise from a release; the lease lapses by itself
                 _log.warning(
                     "could not release concurrency key %r of %s (%s); its lease lapses within %gs",
@@ -402,7 +445,11 @@ class RedisLimiter(BaseLimiter):
     # ------------------------------------------------------------------ leases
 
     def _track(self, req: KeyRequest, member: str) -> None:
-        self._held.setdefault(req.key, {})[member] = req
+        members = self._held.get(req.key)
+        if members is None:
+            self._held[req.key] = {member: req}
+        else:
+            members[member] = req
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_forever(), name="chainrt-lease-renewal")
 
