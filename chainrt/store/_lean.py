@@ -5,8 +5,9 @@ through ``redis.asyncio.Redis`` each call also pays the pool's lock and health p
 wrapper, the observability hooks, argument encoding and, with a socket timeout, an
 ``asyncio.wait_for`` (a task) around every write: on a 2-CPU machine about as much Python as the
 round trip itself. :class:`LeanRedis` sends a command packed once (:func:`pack`) on a connection
-of its own and reads the reply with the same connection class and parser as the client, so URL
-options (password, db, TLS, protocol) and error types are the client's.
+of its own, built by the same connection class as the client's (so URL options: password, db, TLS,
+protocol, are the client's), and reads its replies straight off the connection's stream
+(:mod:`._resp`: the same values and error types as redis-py's parser, with less Python).
 
 Connections are used by one call at a time: a call takes an idle one (or opens a new one) and
 gives it back after its replies are read. A call that fails in any way other than a Redis error
@@ -21,8 +22,8 @@ from typing import Any
 
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
 
+from ._resp import read_reply, write
 from ._watchdog import Watchdog
 
 __all__ = ["LeanRedis", "pack", "pack_args"]
@@ -124,11 +125,7 @@ class LeanRedis:
 async def _exchange(conn: Any, command: list[bytes], replies: int) -> list[Any]:
     if not conn.is_connected:
         await conn.connect()
-    await conn.send_packed_command(command, check_health=False)
-    out: list[Any] = []
-    for _ in range(replies):
-        try:
-            out.append(await conn.read_response())
-        except ResponseError as exc:  # a whole error reply was read: the connection is fine
-            out.append(exc)
-    return out
+    await write(conn, command)
+    if replies == 1:
+        return [await read_reply(conn)]
+    return [await read_reply(conn) for _ in range(replies)]
