@@ -52,9 +52,13 @@ class ClusterLean:
         """The bare connections of the master that serves ``key``'s slot now, as the cluster
         client's map says; None while the map has no master for it (not read yet, or being
         re-read): the caller then goes through the cluster client."""
-        data = key.encode() if isinstance(key, str) else key
+        return self.at_slot(key_slot(key.encode() if isinstance(key, str) else key))
+
+    def at_slot(self, slot: int) -> LeanRedis | None:
+        """:meth:`for_key` for a slot already computed (``redis.crc.key_slot``): a commit
+        computes its run's slot once and routes by it."""
         try:
-            node = self._client.nodes_manager.slots_cache[key_slot(data)][0]
+            node = self._client.nodes_manager.slots_cache[slot][0]
         except (KeyError, IndexError, TypeError):
             return None
         lean = self._nodes.get(node.name)
@@ -65,9 +69,12 @@ class ClusterLean:
     def master_of(self, key: str | bytes) -> str:
         """The name (``host:port``) of the master that serves ``key``'s slot now, as the cluster
         client's map says; "" while the map has none for it."""
-        data = key.encode() if isinstance(key, str) else key
+        return self.master_at(key_slot(key.encode() if isinstance(key, str) else key))
+
+    def master_at(self, slot: int) -> str:
+        """:meth:`master_of` for a slot already computed."""
         try:
-            return str(self._client.nodes_manager.slots_cache[key_slot(data)][0].name)
+            return str(self._client.nodes_manager.slots_cache[slot][0].name)
         except (KeyError, IndexError, TypeError):
             return ""
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 from redis import exceptions as rx
+from redis.crc import key_slot
 
 from .._errors import CheckpointError, CorruptRecord
 from .._settings import get_settings
@@ -64,6 +65,8 @@ class _Commit(NamedTuple):
     token: int
     keys: tuple[str, str]
     args: list[str | bytes]
+    slot: int = -1
+    """On a cluster, the hash slot of the run's keys (computed once, routed by); -1 elsewhere."""
 
 
 class RedisStore(RedisConnection, CheckpointStore):
@@ -214,24 +217,24 @@ class RedisStore(RedisConnection, CheckpointStore):
             self._ttl_ms if progress.status in FINAL_STATUSES else "0",
         ]
         keys = (self.keys.run(run_id), self.keys.steps(run_id))
-        commit = _Commit(run_id, token, keys, args)
         if self.cluster and not self.wait_replicas:
+            # The run's slot, once per commit: the group and the connection are found by it.
+            slot = key_slot(keys[0].encode())
             # One group per master: a batch waits only for its own master's round trip.
-            master = self._cluster_fast.master_of(keys[0])
+            master = self._cluster_fast.master_at(slot)
             group = self._per_master.get(master)
             if group is None:
-                group = self._per_master[master] = InFlightGroup(self._send_commits)
-            await group.submit(commit)
+                group = self._per_master[master] = InFlightGroup(self._send_to_masters)
+            await group.submit(_Commit(run_id, token, keys, args, slot))
             return
-        await self._commits.submit(commit)
+        await self._commits.submit(_Commit(run_id, token, keys, args))
 
     async def _send_commits(self, commits: list[_Commit]) -> Outcomes:
         """Group commit's sender: on one node, one commit or a whole batch as packed EVALSHAs
         on a bare connection (one round trip; each script still fenced and atomic on its own).
-        On a cluster, the same per master (:meth:`_send_to_masters`). With ``wait_replicas``
-        each goes on its own through the client (WAIT goes with each)."""
-        if self.cluster and not self.wait_replicas:
-            return await self._send_to_masters(commits)
+        With ``wait_replicas``, on a cluster (whose commits go per master, see
+        :meth:`_send_to_masters`, once the store knows it is one) or before the first call has
+        found out, each goes on its own through the client (WAIT goes with each)."""
         if self.cluster is not False or self.wait_replicas:
             if len(commits) == 1:
                 # Awaited here, not through gather: gather wraps it in a task, which costs
@@ -272,10 +275,12 @@ class RedisStore(RedisConnection, CheckpointStore):
         ``CLUSTERDOWN``, ``NOSCRIPT``) or whose connection failed goes again through the cluster
         client (:meth:`_commit_one`: it follows the redirection, retries within ``retry_for_s``
         and updates the map the next commits are routed by)."""
+        if len(commits) == 1:  # one run at a time: nothing to group
+            return await self._send_to_master(commits)
         masters = self._cluster_fast
         groups: dict[str, list[int]] = {}
         for i, c in enumerate(commits):
-            groups.setdefault(masters.master_of(c.keys[0]), []).append(i)
+            groups.setdefault(masters.master_at(c.slot), []).append(i)
         if len(groups) == 1:  # (the usual case: the batch of one master's group commit)
             return await self._send_to_master(commits)
         outcomes: Outcomes = [None] * len(commits)
@@ -293,7 +298,7 @@ class RedisStore(RedisConnection, CheckpointStore):
         see :meth:`_send_to_masters`."""
         # Looked up here, with no pause before the call: connections closed by another batch's
         # refresh are never handed out.
-        lean = self._cluster_fast.for_key(commits[0].keys[0])
+        lean = self._cluster_fast.at_slot(commits[0].slot)
         if lean is None:  # the client's map has no master for the slot now
             return await self._through_client(commits)
         command = [_COMMIT_HEAD + pack_args((*c.keys, *c.args)) for c in commits]
