@@ -4,7 +4,11 @@ Starts a private redis-server and a private cluster (3 masters + 3 replicas, ``L
 with the same persistence (AOF, fsync every second, unless ``--no-persistence``), and prints:
 
 1. one run at a time (overhead.py's figures): single node, cluster, and cluster with
-   ``?wait_replicas=1`` (each write waits for its replica: the cost of that durability);
+   ``?wait_replicas=1`` (each write waits for its replica: the cost of that durability). The
+   three are interleaved: ``--runs`` rounds, each one run on each backend (the order rotated
+   round by round), so that a noisy stretch of the machine falls on all three alike. After each
+   backend's pooled block come the ratios to single-node: the median of the per-round ratios of
+   the step p50 and of the run time, next to the ratio of the pooled figures;
 2. concurrency keys: acquire + release pairs/s, 100 keys, 64 tasks of one process, best of
    ``--rounds``, single node next to cluster;
 3. total durable steps/s with ``--processes`` runner processes (a list, e.g. ``1,4,8,12``: one
@@ -22,19 +26,25 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 from _redis import persistence_label, private_server
+from _step_samples import Samples, chain, one_run, pct, report
 
+from chainrt._runtime import open_runtime
+from chainrt.spec import spec_from_dict
 from chainrt.testing.redis_cluster import LocalCluster
 
 __all__ = ["add_cluster_flags", "run"]
 
-Bench = Callable[[str, int, int, None], Coroutine[None, None, None]]
+RawRoundTrip = Callable[[str], Coroutine[None, None, tuple[float, str]]]
+"""overhead.py's raw round trip: its p50 (ms) on a store URL, and its name."""
 
 _LOAD = """
 import asyncio, json, sys, time
@@ -98,18 +108,17 @@ def _per_process(args: argparse.Namespace) -> int:
     return int(args.concurrency[-1]) if args.concurrency else 8
 
 
-def run(args: argparse.Namespace, bench: Bench) -> None:
+def run(args: argparse.Namespace, raw_round_trip: RawRoundTrip) -> None:
     """Print the three comparisons (see the module docstring)."""
     print(f"private redis-server and private Redis Cluster, {persistence_label(args)}")
     print(f"machine: {os.cpu_count()} CPUs shared by the clients and every Redis server")
     with private_server(args) as single, LocalCluster(durable=not args.no_persistence) as cluster:
-        for label, url in (
+        backends = [
             ("single-node Redis", single.url),
             ("Redis Cluster, 3 masters + 3 replicas", cluster.url),
             ("Redis Cluster, ?wait_replicas=1", cluster.url + "?wait_replicas=1"),
-        ):
-            print(f"\n== one run at a time: {label}")
-            asyncio.run(bench(url, args.steps, args.runs, None))
+        ]
+        asyncio.run(_one_at_a_time(backends, args.steps, args.runs, raw_round_trip))
         print(f"\n== concurrency keys: pairs/s, 100 keys, 64 tasks, best of {args.rounds}")
         for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
             rate = asyncio.run(_pairs_per_s(url, args.rounds))
@@ -138,6 +147,47 @@ def run(args: argparse.Namespace, bench: Bench) -> None:
                 f"{c_rate:>16,.0f} {c_busy:>7.0f}% {ratio:>14.2f}x"
             )
         print("(busiest: the busiest Redis server's CPU, % of one core, over the window)")
+
+
+async def _one_at_a_time(
+    backends: list[tuple[str, str]], steps: int, runs: int, raw_round_trip: RawRoundTrip
+) -> None:
+    """Part 1: ``runs`` rounds of one run on each backend, interleaved (the order rotated each
+    round); each backend's pooled block, then its per-round ratios to the first backend's."""
+    spec = spec_from_dict(chain(steps))
+    samples = [Samples() for _ in backends]
+    rounds: list[list[tuple[float, float]]] = [[] for _ in backends]  # (step p50 ms, run s)
+    async with AsyncExitStack() as stack:
+        runtimes = [
+            await stack.enter_async_context(open_runtime(store=url, hooks=None))
+            for _, url in backends
+        ]
+        for runtime in runtimes:
+            await one_run(runtime, spec, steps, Samples())  # warm-up: imports, caches, scripts
+        for r in range(runs):
+            for k in range(len(backends)):
+                i = (r + k) % len(backends)
+                rounds[i].append(await one_run(runtimes[i], spec, steps, samples[i]))
+        raws = [await raw_round_trip(url) for _, url in backends]
+        shown = [runtime.store.url for runtime in runtimes]
+    for (label, _), url, got, raw in zip(backends, shown, samples, raws, strict=True):
+        print(f"\n== one run at a time: {label}")
+        report(url, False, runs, steps, got, raw)
+    base_label, base = backends[0][0], samples[0]
+    print(
+        f"\n== one run at a time, interleaved: {runs} rounds of one run per backend (order "
+        f"rotated); ratios to {base_label}, > 1 is slower"
+    )
+    for (label, _), got, per_round in zip(backends[1:], samples[1:], rounds[1:], strict=True):
+        step = [c[0] / s[0] for c, s in zip(per_round, rounds[0], strict=True)]
+        whole = [c[1] / s[1] for c, s in zip(per_round, rounds[0], strict=True)]
+        pooled = pct(got.per_step, 0.5) / pct(base.per_step, 0.5)
+        rate = (base.total_steps / base.total_s) / (got.total_steps / got.total_s)
+        print(
+            f"{label:<38} step p50 {statistics.median(step):.2f}x median of rounds "
+            f"({min(step):.2f}-{max(step):.2f}x), pooled {pooled:.2f}x; run time "
+            f"{statistics.median(whole):.2f}x median of rounds, steps/s pooled {rate:.2f}x"
+        )
 
 
 def _load_and_print(

@@ -12,8 +12,9 @@ end (from the last step's start to the return: that step, the final commit, leas
 Without --store it uses a fresh SQLite file; with `--store redis` it starts a private
 redis-server (AOF, fsync every second, as docker-compose runs it; `--no-persistence` turns it
 off). `--store redis-cluster` compares single-node Redis with a private local Redis Cluster in
-one run (see bench/_cluster.py: one run at a time, `?wait_replicas=1`, concurrency pairs/s, and
-total durable steps/s over `--processes` runner processes).
+one run (see bench/_cluster.py: one run at a time, the three backends interleaved round by round
+with the median of per-round ratios, `?wait_replicas=1`, concurrency pairs/s, and total durable
+steps/s over `--processes` runner processes).
 
 With ``--concurrency N[,N...]`` it runs N runs at once in one process instead, for each N, and
 prints durable steps/s (every step of every run, over the wall time of the whole batch) and the
@@ -30,30 +31,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
 from _redis import add_persistence_flag
+from _step_samples import SOURCE, Samples, chain, one_run, pct, report
 
 from chainrt._hooks import NO_HOOKS, Hooks
 from chainrt._runtime import open_runtime
 from chainrt.spec import spec_from_dict
-
-
-def _chain(steps: int) -> dict[str, Any]:
-    return {
-        "name": "overhead",
-        "budget": "10m",
-        "steps": [{"id": f"s{i}", "tool": "_noop_tools.py:noop"} for i in range(steps)],
-    }
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _raw_round_trip(url: str, n: int = 2000) -> tuple[float, str]:
@@ -96,59 +84,20 @@ async def _raw_samples(url: str, n: int = 2000) -> tuple[list[float], str]:
 
 
 async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> None:
-    spec = spec_from_dict(_chain(steps))
-    source = Path(__file__).resolve().parent
-    per_step: list[float] = []
-    whole: list[float] = []
-    run_start: list[float] = []
-    run_end: list[float] = []
-    total_steps = 0
-    total_s = 0.0
+    spec = spec_from_dict(chain(steps))
+    samples = Samples()
     async with open_runtime(store=store_url, hooks=hooks) as runtime:
-        await runtime.runner.run(spec, {}, source_dir=source)  # warm-up: imports, caches, tables
+        await runtime.runner.run(spec, {}, source_dir=SOURCE)  # warm-up: imports, caches, tables
         for _ in range(runs):
-            called = time.time()  # the records' clock (wall time)
-            t = time.perf_counter()
-            result = await runtime.runner.run(spec, {}, source_dir=source)
-            took = time.perf_counter() - t
-            returned = time.time()
-            total_s += took
-            assert result.status == "completed", result.error
-            steps_rec = await runtime.store.get_steps(result.run_id)
-            starts = sorted(r.started_at for r in steps_rec.values())
-            per_step += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
-            whole.append(took * 1e3)
-            run_start.append((starts[0] - called) * 1e3)
-            run_end.append((returned - starts[-1]) * 1e3)
-            total_steps += steps
-        raw_ms, raw_name = await _raw_round_trip(store_url)
-    p50, p99 = _pct(per_step, 0.5), _pct(per_step, 0.99)
-    w50, w99 = _pct(whole, 0.5), _pct(whole, 0.99)
-    print(f"store            {runtime.store.url}")
-    print(f"tracing          {'on' if hooks is not NO_HOOKS and hooks is not None else 'off'}")
-    print(f"runs x steps     {runs} x {steps}")
-    print(f"per durable step p50 {p50:.3f} ms   p99 {p99:.3f} ms   (step start to next step start)")
-    print(
-        f"whole run        p50 {w50:.3f} ms   p99 {w99:.3f} ms   ({steps} steps; "
-        f"{w50 / steps:.3f} ms per step at p50, run creation and final commit included)"
-    )
-    print(
-        f"  run start      p50 {_pct(run_start, 0.5):.3f} ms   p99 {_pct(run_start, 0.99):.3f} ms"
-        "   (call to first step: create record, lease, set-up)"
-    )
-    print(
-        f"  run end        p50 {_pct(run_end, 0.5):.3f} ms   p99 {_pct(run_end, 0.99):.3f} ms"
-        "   (last step start to return: last step, final commit, release)"
-    )
-    print(
-        f"throughput       {total_steps / total_s:,.0f} durable steps/s (whole runs, one process)"
-    )
-    print(f"{raw_name:<16} p50 {raw_ms:.3f} ms   ratio step/raw {p50 / raw_ms:.1f}x")
+            await one_run(runtime, spec, steps, samples)
+        raw = await _raw_round_trip(store_url)
+    tracing = hooks is not NO_HOOKS and hooks is not None
+    report(runtime.store.url, tracing, runs, steps, samples, raw)
 
 
 async def _concurrent(store_url: str, steps: int, runs: int, levels: list[int]) -> None:
-    spec = spec_from_dict(_chain(steps))
-    source = Path(__file__).resolve().parent
+    spec = spec_from_dict(chain(steps))
+    source = SOURCE
     rows = []
     async with open_runtime(store=store_url) as runtime:
         await runtime.runner.run(spec, {}, source_dir=source)  # warm-up: imports, caches, tables
@@ -169,9 +118,9 @@ async def _concurrent(store_url: str, steps: int, runs: int, levels: list[int]) 
                     starts = sorted(r.started_at for r in records.values())
                     gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)]
                     done += len(records)
-            rows.append((level, batches, done / wall, _pct(gaps, 0.5), _pct(gaps, 0.99)))
+            rows.append((level, batches, done / wall, pct(gaps, 0.5), pct(gaps, 0.99)))
         raw, raw_name = await _raw_samples(store_url)
-    raw50, raw99 = _pct(raw, 0.5), _pct(raw, 0.99)
+    raw50, raw99 = pct(raw, 0.5), pct(raw, 0.99)
     print(f"store            {runtime.store.url}")
     print(f"chain            {steps} no-op tool steps, every one checkpointed")
     print(f"{raw_name:<32} p50 {raw50:.3f} ms   p99 {raw99:.3f} ms")
@@ -220,7 +169,8 @@ def main() -> None:
     if args.store == "redis-cluster":
         import _cluster
 
-        _cluster.run(args, _bench)  # single node, cluster, wait_replicas=1, limiter, load
+        # single node, cluster, wait_replicas=1 (interleaved), limiter, load
+        _cluster.run(args, _raw_round_trip)
         return
     if args.store == "redis":
         from _redis import persistence_label, private_server
