@@ -6,8 +6,8 @@ with the same persistence (AOF, fsync every second, unless ``--no-persistence``)
 1. one run at a time (overhead.py's figures): single node, cluster, and cluster with
    ``?wait_replicas=1`` (each write waits for its replica: the cost of that durability). The
    three are interleaved: ``--runs`` rounds, each one run on each backend (the order rotated
-   round by round), so that a noisy stretch of the machine falls on all three alike. After each
-   backend's pooled block come the ratios to single-node: the median of the per-round ratios of
+   round by round), so that a noisy stretch of the machine falls on all three alike. After the
+   three pooled blocks come the ratios to single-node: the median of the per-round ratios of
    the step p50 and of the run time, next to the ratio of the pooled figures;
 2. concurrency keys: acquire + release pairs/s, 100 keys, 64 tasks of one process, best of
    ``--rounds``, single node next to cluster;
