@@ -23,6 +23,11 @@ ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a col
 STORY: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Write a very long story about a dragon and a knight."}
 ]
+STORY_TOKENS = 480
+"""The in-flight stream's length: it must still be generating on the old engine when the swap
+comes, after the new engine's load and warm-up. 60 tokens (1.6 s beside scripts/cpu_hog and a
+vLLM test) once ended before a reload on a loaded 2-core machine; 480 took 11.7 s there, and the
+model reaches the length limit before its end of text at temperature 0."""
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +85,7 @@ def test_in_flight_stream_finishes_on_the_old_model_and_a_second_reload_is_409(
 ) -> None:
     client = worker.openai()
     stream = client.chat.completions.create(
-        model="v1", messages=STORY, max_tokens=60, temperature=0, stream=True
+        model="v1", messages=STORY, max_tokens=STORY_TOKENS, temperature=0, stream=True
     )
     chunks = iter(stream)  # read to its end below, which closes it
     first = next(chunks)  # the stream holds the old engine from here on
@@ -118,7 +123,7 @@ def test_requests_queued_on_the_old_engine_at_the_swap_are_answered_by_the_new_o
     with WorkerProcess(*args, "--slots", "3") as worker:
         client = worker.openai()
         stream = client.chat.completions.create(
-            model="v1", messages=STORY, max_tokens=60, temperature=0, stream=True
+            model="v1", messages=STORY, max_tokens=STORY_TOKENS, temperature=0, stream=True
         )
         chunks = iter(stream)  # read to its end below, which closes it
         first = next(chunks)  # generating on the old engine from here on
