@@ -420,8 +420,10 @@ async def test_timeouts_open_the_breaker_and_later_steps_skip_at_once(stubs: lis
         # While nothing is known of the model, an attempt is judged only after running 1 s
         # (MIN_JUDGED_UNKNOWN_S): shorter cuts say nothing about the endpoint.
         for _ in range(2):
+            # 1 s beyond the judged mark: the attempt starts a little after the deadline is set
+            # (a loaded machine delays it), and it must still run past the mark to be judged.
             with pytest.raises(DispatchFailed):
-                await dispatcher.complete(call(), time.time() + MIN_JUDGED_UNKNOWN_S + 0.1)
+                await dispatcher.complete(call(), time.time() + MIN_JUDGED_UNKNOWN_S + 1.0)
         started = time.perf_counter()
         with pytest.raises(DispatchFailed) as caught:
             await dispatcher.complete(call(), time.time() + 5)
@@ -450,7 +452,10 @@ async def test_an_attempt_cut_by_the_guard_counts_as_a_timeout_for_the_breaker(
     loop = asyncio.get_running_loop()
     try:
         for _ in range(2):
-            end = MIN_JUDGED_UNKNOWN_S + 0.1  # long enough to be judged (nothing is known yet)
+            # Long enough to be judged (nothing is known yet), with 1 s to spare: the attempt
+            # starts a little after the deadline is set, and on a loaded machine (CI beside other
+            # work) 0.1 s was not enough: it ran < 1 s, was not judged, and the breaker stayed shut.
+            end = MIN_JUDGED_UNKNOWN_S + 1.0
             deadline = time.time() + end
             # Block the loop from 0.1 s before the end to 0.3 s after it: across the end and
             # the guard (0.05 s after it).
