@@ -134,6 +134,7 @@ class Drill:
         self._store = open_store(options.store_url)
         self._server = ForkServer(options.chain)
         self._timing: dict[bool, tuple[float, float]] = {}
+        self._cli_steps_s: float | None = None  # first step to last, in a whole CLI run
         self._count = 0
 
     def __enter__(self) -> Drill:
@@ -180,14 +181,18 @@ class Drill:
             if not kill:
                 kill_after = None
             elif cli:  # counted from the process's first step (see run_cli)
-                kill_after = self.rng.uniform(0.0, max(steps_s, 0.01))
+                kill_after = self.rng.uniform(0.0, max(self._cli_steps(), 0.01))
             else:
                 kill_after = self.rng.uniform(low, full_s)
             mode = "run" if status is None else "resume"
             proc = self._spawn(len(processes), mode, run_id, seed, kill_after, cli)
             processes.append(proc)
             status = proc.status
-            if mode == "run" and status == "completed" and not proc.killed:
+            if mode == "run" and status == "completed" and cli:
+                # The kill came after the last step (or none was drawn): draw later kills over
+                # the steps as this run took them, when they went faster than measured.
+                self._cli_steps_s = min(self._cli_steps(), self._steps_span(run_id, proc.pid))
+            elif mode == "run" and status == "completed" and not proc.killed:
                 # A whole run went faster than measured: draw later kills over that time.
                 self._timing[cli] = (start_s, min(full_s, proc.ended_at - proc.started_at))
             if status == "completed" or not proc.killed:
@@ -198,6 +203,22 @@ class Drill:
                 low = max(low, kill_after)
                 full_s = max(full_s, low + steps_s)
         return self._verify(run_id, seed, processes)
+
+    def _cli_steps(self) -> float:
+        """Seconds from a CLI process's first step to its last, in a whole run: the window its
+        kill moment is drawn over. Not the time to the process's end: a CLI process still
+        writes the run's end and tears its interpreter down after its last step (a large share
+        on a loaded machine), and a kill there finds the run complete, with nothing to resume."""
+        if self._cli_steps_s is None:
+            self._durations(True)
+        assert self._cli_steps_s is not None
+        return self._cli_steps_s
+
+    def _steps_span(self, run_id: str, pid: int) -> float:
+        """Seconds from process ``pid``'s first step call to its last, from the run's step log."""
+        executions, _ = read_log(self.options.log_dir / f"{run_id}.jsonl")
+        times = [e.t for e in executions if e.pid == pid]
+        return max(times) - min(times) if times else 0.0
 
     def _durations(self, cli: bool) -> tuple[float, float]:
         """Seconds from a process's start to its first step and to its end, for one whole run
@@ -211,6 +232,8 @@ class Drill:
             executions, _ = read_log(self.options.log_dir / f"{run_id}.jsonl")
             first = min(e.t for e in executions)
             self._timing[cli] = (first - proc.started_at, proc.ended_at - proc.started_at)
+            if cli:
+                self._cli_steps_s = self._steps_span(run_id, proc.pid)
         return self._timing[cli]
 
     def _verify(self, run_id: str, seed: str, processes: list[Process]) -> RunReport:
