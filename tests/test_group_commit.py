@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -131,4 +132,27 @@ async def test_redis_concurrent_commits_share_round_trips(redis_url: str) -> Non
     assert opened <= 2, opened
     for run_id in ids:
         assert len(await store.get_steps(run_id)) == STEPS
+    await store.close()
+
+
+@pytest.mark.redis
+async def test_redis_runs_woken_by_a_batch_commit_again_in_one_batch(redis_url: str) -> None:
+    """The runs a batch's replies wake commit their next steps in the same loop turn: those
+    commits go out together, not the first alone and the rest in a second round trip."""
+    store = RedisStore(redis_url)
+    ids = await _create(store, RUNS)
+    sizes: list[int] = []
+    group = store._commits
+    send = group._send
+
+    async def counted(items: list[Any]) -> list[BaseException | None]:
+        sizes.append(len(items))
+        return await send(items)
+
+    group._send = counted
+    await asyncio.gather(*(_drive(store, run_id) for run_id in ids))
+    # The first commit finds the store idle and goes alone, the other 63 queue behind it; from
+    # then on each round of RUNS commits is one batch (two, the first alone, before).
+    assert sum(sizes) == RUNS * STEPS
+    assert len(sizes) <= STEPS + 1, sizes
     await store.close()

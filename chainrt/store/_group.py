@@ -4,10 +4,12 @@ A process running many runs at once would send one round trip (or one SQLite tra
 step per run. Here a commit that finds the store idle goes out at once, alone: a lone run waits
 for nothing. Commits that arrive while the store is busy with an earlier one wait in a queue,
 and the whole queue goes out as one batch (one Redis pipeline, one SQLite transaction) as soon
-as the store is free. A batch is many commits, each still checked and applied on its own
-(fencing token, all-or-nothing): one commit that is refused does not touch the others, and each
-waiter gets its own result. A run has at most one commit in flight (the next step starts after
-its commit returns), so batching never reorders one run's writes.
+as the store is free; the runs a batch's replies wake get one loop turn to commit again before
+the store counts as free, so their next commits go out together too. A batch is many commits,
+each still checked and applied on its own (fencing token, all-or-nothing): one commit that is
+refused does not touch the others, and each waiter gets its own result. A run has at most one
+commit in flight (the next step starts after its commit returns), so batching never reorders one
+run's writes.
 
 Two ways to be "busy": :class:`InFlightGroup` (Redis) is busy while a round trip is on the wire;
 :class:`IterationGroup` (SQLite, whose writes never leave the event loop) is busy for the rest of
@@ -123,6 +125,11 @@ class InFlightGroup(Generic[T]):
                 except Exception as exc:  # the whole batch failed: each caller gets the error
                     outcomes = _all_failed(batch, exc)
                 _settle(batch, outcomes)
+                # The runs just woken run in the next loop turn, each up to its next commit:
+                # yield to them (still busy) so that those commits queue and go as one batch.
+                # Going idle here sent the first of them alone and the rest in a second round
+                # trip (two round trips per round of N runs at once instead of one).
+                await asyncio.sleep(0)
         finally:
             for _, future in state.take():
                 future.cancel()  # only when this task itself was cancelled (the loop ending)
