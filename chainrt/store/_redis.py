@@ -39,6 +39,7 @@ from ._codec import (
     no_lease,
     not_found,
 )
+from ._commit_wire import commit_wire
 from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
@@ -241,7 +242,7 @@ class RedisStore(RedisConnection, CheckpointStore):
                 # two turns of the event loop on the step's critical path.
                 return [await self._commit_one(commits[0])]
             return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
-        command = [_COMMIT_HEAD + pack_args((*c.keys, *c.args)) for c in commits]
+        command = [commit_wire(_COMMIT_HEAD, c.keys, c.args) for c in commits]
 
         async def send() -> list[Any]:
             lean = self._fast
@@ -301,7 +302,7 @@ class RedisStore(RedisConnection, CheckpointStore):
         lean = self._cluster_fast.at_slot(commits[0].slot)
         if lean is None:  # the client's map has no master for the slot now
             return await self._through_client(commits)
-        command = [_COMMIT_HEAD + pack_args((*c.keys, *c.args)) for c in commits]
+        command = [commit_wire(_COMMIT_HEAD, c.keys, c.args) for c in commits]
         try:
             replies = await lean.call(command, len(commits))
         except LOST:
