@@ -24,6 +24,7 @@ with real processes in chainrt's own ``tests/test_limiter_multiprocess.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -156,16 +157,19 @@ class LimiterConformance:
         first = await _hold(limiter, KeyRequest("b", 1), "first")
 
         async def release_soon() -> None:
-            await asyncio.sleep(0.1)
+            # Counted from the moment "second" waits in line for "b", not from the task's start:
+            # on a busy machine taking "a" can use up a fixed head start, and "b"'s wait with it.
+            await _until(lambda: _waiting_names(limiter, "b", ("second",)))
+            await asyncio.sleep(0.3)
             await first.release()
 
         releaser = asyncio.create_task(release_soon())
         holding = await limiter.acquire(
-            [KeyRequest("b", 1), KeyRequest("a", 1)], timeout_s=2, holder="second"
+            [KeyRequest("b", 1), KeyRequest("a", 1)], timeout_s=10, holder="second"
         )
         await releaser
         assert list(holding.waits_ms) == ["a", "b"]
-        assert holding.waits_ms["b"] >= 80  # "b" was held for 100 ms
+        assert holding.waits_ms["b"] >= 280  # "b" was held 300 ms after "second" queued for it
         assert holding.waits_ms["a"] < holding.waits_ms["b"]  # "a" was free
         await holding.release()
 
@@ -329,24 +333,33 @@ class LimiterConformance:
     # ------------------------------------------------------------------ rate
 
     async def test_rate_spaces_acquisitions_after_the_burst(self, limiter: Limiter) -> None:
-        key = KeyRequest("api:x", 100, rate_per_s=10.0, burst=3)
-        stamps = []
+        # One every 500 ms after a burst of 3. Each grant is bracketed by the clock read before
+        # and after its acquire (the limiter granted it in between), so the spacing is checked
+        # without a margin for scheduling delays; the burst (1 s without it) has 400 ms for three
+        # round trips. A fresh key: rate state outlives the test by design.
+        key = KeyRequest(f"api:x:{os.urandom(4).hex()}", 100, rate_per_s=2.0, burst=3)
+        spans: list[tuple[float, float]] = []
         for i in range(5):
+            before = time.monotonic()
             holding = await _hold(limiter, key, f"r{i}")
-            stamps.append(time.monotonic())
+            spans.append((before, time.monotonic()))
             await holding.release()
-        assert stamps[2] - stamps[0] < 0.09  # the burst goes through at once
-        assert stamps[3] - stamps[0] >= 0.09  # then one every 100 ms
-        assert stamps[4] - stamps[3] >= 0.09
+        first = spans[0][0]
+        # (10 ms for the store's clock: Redis and SQLite read the wall clock, not the monotonic)
+        assert spans[2][1] - first < 0.4, spans  # the burst goes through at once
+        assert spans[3][1] - first >= 0.5 - 0.01, spans  # then one every 500 ms
+        assert spans[4][1] - first >= 1.0 - 0.01, spans
 
     async def test_rate_wait_beyond_the_budget_is_rejected_at_once(self, limiter: Limiter) -> None:
-        key = KeyRequest("api:slow", 10, rate_per_s=1.0)
+        # The next one goes through in 10 s, the budget is 3 s: rejected at once, not after the
+        # 3 s a waiter would spend (1.5 s of margin, which no scheduling delay reaches).
+        key = KeyRequest(f"api:slow:{os.urandom(4).hex()}", 10, rate_per_s=0.1)
         first = await _hold(limiter, key, "first")
         with pytest.raises(ConcurrencyRejected, match="rate limit") as info:
-            await limiter.acquire([key], timeout_s=0.5, holder="second")
-        assert info.value.waited_ms < 250
+            await limiter.acquire([key], timeout_s=3.0, holder="second")
+        assert info.value.waited_ms < 1500
         await first.release()
-        assert (await limiter.snapshot("api:slow")).waiting == ()
+        assert (await limiter.snapshot(key.key)).waiting == ()
 
     async def test_rate_is_handed_out_in_line_order(self, limiter: Limiter) -> None:
         key = KeyRequest("api:fifo", 10, rate_per_s=50.0)
