@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
-from chainrt._bus import EventPublisher
+from chainrt._bus import EventPublisher, runs_channel
 from chainrt._events import RunEvent
 from chainrt.serve._feed import RunsFeed, parse_notice
 from chainrt.store import open_store
@@ -62,6 +64,28 @@ class Reader:
 
     async def close(self) -> None:
         await self.stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _until(probe: Callable[[], Awaitable[Any]], wanted: Any, within_s: float = 30) -> None:
+    """Poll ``probe`` until it returns ``wanted`` (a wait, not a measurement: generous)."""
+    deadline = time.monotonic() + within_s
+    while (got := await probe()) != wanted:
+        assert time.monotonic() < deadline, f"{got!r} after {within_s} s, not {wanted!r}"
+        await asyncio.sleep(0.01)
+
+
+async def _still_running(feed: RunsFeed) -> bool:
+    return feed.running
+
+
+async def _subscribers(redis_url: str) -> int:
+    """How many connections Redis counts as subscribed to the runs channel."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        counts = await client.pubsub_numsub(runs_channel())
+    finally:
+        await client.aclose()
+    return int(counts[0][1])
 
 
 @pytest.fixture
@@ -142,7 +166,9 @@ async def test_poll_finds_runs_nobody_announced_and_heartbeats(sqlite_store: Any
     frames = [await reader.next() for _ in range(2)]
     assert {"comment": "keep-alive"} in frames  # nothing happens: heartbeats only
     await reader.close()
-    await asyncio.sleep(0.5)  # linger_s is 0.1: the feed stops with no client left
+    # linger_s is 0.1: the feed stops with no client left (waited for, not slept on: a busy
+    # machine may run the linger timer and the stop late)
+    await _until(lambda: _still_running(feed), False)
     assert not feed.running
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
@@ -151,10 +177,13 @@ async def test_a_notice_from_another_process_arrives_through_redis(redis_url: st
     store = open_store(redis_url)
     publisher = EventPublisher(redis_url)  # stands for another runner
     feed = RunsFeed(store, bus_url=redis_url, poll_s=3600)  # no poll: only the bus can tell
+    listeners = await _subscribers(redis_url)
     try:
         reader = Reader(feed)
         assert (await reader.event())["event"] == "reload"
-        await asyncio.sleep(0.3)  # the feed's SUBSCRIBE reaches Redis
+        # A notice published before the feed's SUBSCRIBE reached Redis is lost: wait for Redis
+        # to count the subscription (a fixed sleep was a guess that a busy machine can outlast).
+        await _until(lambda: _subscribers(redis_url), listeners + 1)
         await store.create_run(record("remote", created_at=3000.0))
         publisher.announce("remote", "queued")
         created = await reader.event()
