@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from chainrt import ChainRTError, RunNotFound
+from chainrt import ChainRTError
 from chainrt._hooks import NO_HOOKS
 from chainrt._runtime import open_runtime
 from chainrt._settings import Settings
@@ -119,13 +120,13 @@ async def test_run_that_waits_falls_back_and_resumes_makes_two_linked_traces(
     async with open_runtime(store=store, hooks=hooks) as runtime:
 
         async def let_go() -> None:
-            # Count from the run's creation: loading the local model comes before it.
-            while True:
-                try:
-                    await runtime.store.get_run(run_id)
-                    break
-                except RunNotFound:
-                    await asyncio.sleep(0.01)
+            # Count from the moment the run waits in line for the key: loading the local model,
+            # the run's creation and its first checkpoint come before it, and on a busy machine
+            # they could use up a head start counted from any earlier point.
+            deadline = time.monotonic() + 60
+            while not (await limiter.snapshot("gate:u1")).waiting:
+                assert time.monotonic() < deadline, "the run never queued for its key"
+                await asyncio.sleep(0.01)
             await asyncio.sleep(0.5)
             await other.release()
 
