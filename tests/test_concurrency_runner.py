@@ -134,7 +134,10 @@ async def test_run_that_cannot_get_its_key_in_time_is_rejected(redis_url: str) -
     assert "user:u9" in result.error
     assert "waited" in result.error
     assert result.steps == []  # nothing ran
-    assert result.budget.used_ms <= 300 + 50
+    # Past its budget by at most the final write's grace (docs/dispatch.md, 0.5 s): the event
+    # loop alone has been measured 77 ms late on a loaded 2-core machine, so +50 ms could break.
+    # A wait that ignored the budget would last until the holder lets go, after this check.
+    assert result.budget.used_ms <= 300 + 500
     # The key is free again: nothing was left half-held by the rejected run.
     again = await chainrt.load(CHAINS / "tight_key.yaml").arun({"user": "u9"}, store=redis_url)
     assert again.status == "completed"

@@ -369,7 +369,10 @@ async def test_a_runnable_step_cut_by_its_deadline_ends_the_run_partial_within_b
     assert result.stopped_at == "patient"
     patient = next(s for s in result.steps if s.id == "patient")
     assert patient.status == "timed_out"
-    assert result.budget.used_ms <= 400 + 50
+    # Past its budget by at most the final write's grace (docs/dispatch.md, 0.5 s): the event
+    # loop alone has been measured 77 ms late on a loaded 2-core machine, so +50 ms could break;
+    # a step that was waited for would hold the run until the flag appears (never, here).
+    assert result.budget.used_ms <= 400 + 500
 
 
 @pytest.mark.parametrize("ref", ["tools.py:fails_at_deadline", "tools.py:make_talker"])
@@ -394,7 +397,9 @@ async def test_a_runnable_that_stops_at_its_deadline_is_timed_out_not_failed(
     result = await chain.arun({}, store=store_url)
     assert result.status == "partial", result.error
     assert result.steps[0].status == "timed_out"
-    assert result.budget.used_ms <= 400 + 50
+    # At most the final write's grace past the budget (0.5 s; +50 ms could break on a loaded
+    # machine); 400 tokens not cut would take seconds.
+    assert result.budget.used_ms <= 400 + 500
 
 
 async def test_a_runnable_step_sees_its_deadline(chain_dir: Path, store_url: str) -> None:
