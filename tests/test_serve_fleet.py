@@ -58,9 +58,12 @@ def test_critical_runs_start_before_the_low_runs_still_queued(
 ) -> None:
     with runner(redis_url, call_log, max_runs=1) as r:
         for i in range(20):
+            # The first low run holds the one slot for 3 s: the three criticals must all be queued
+            # before a slot frees, and three POSTs on a busy machine can take longer than a 0.1 s
+            # nap (a low run then slips in between two criticals).
             body = {
                 "chain": "nap",
-                "input": {"seconds": 0.1, "label": f"low-{i}"},
+                "input": {"seconds": 3.0 if i == 0 else 0.1, "label": f"low-{i}"},
                 "run_id": f"low-{i}",
                 "priority": "low",
             }
