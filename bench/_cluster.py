@@ -8,7 +8,9 @@ with the same persistence (AOF, fsync every second, unless ``--no-persistence``)
    three are interleaved: ``--runs`` rounds, each one run on each backend (the order rotated
    round by round), so that a noisy stretch of the machine falls on all three alike. After the
    three pooled blocks come the ratios to single-node: the median of the per-round ratios of
-   the step p50 and of the run time, next to the ratio of the pooled figures;
+   the step p50 and of the run time, next to the ratio of the pooled figures, and a 95 %
+   interval of each median ratio (order statistics and bootstrap, ``_median_ci``);
+   ``--one-run-only`` stops after this part;
 2. concurrency keys: acquire + release pairs/s, 100 keys, 64 tasks of one process, best of
    ``--rounds``, single node next to cluster;
 3. total durable steps/s with ``--processes`` runner processes (a list, e.g. ``1,4,8,12``: one
@@ -34,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from _median_ci import bootstrap_interval, order_interval
 from _redis import persistence_label, private_server
 from _step_samples import Samples, chain, one_run, pct, report
 
@@ -90,6 +93,9 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     # --concurrency is overhead.py's own (a list); part 3 runs its last value per process, or 8.
     parser.add_argument("--seconds", type=float, default=5.0, help="length of part 3")
     parser.add_argument("--rounds", type=int, default=3, help="best-of rounds of part 2")
+    parser.add_argument(
+        "--one-run-only", action="store_true", help="part 1 only (one run at a time, interleaved)"
+    )
 
 
 def _counts(text: str) -> list[int]:
@@ -119,6 +125,8 @@ def run(args: argparse.Namespace, raw_round_trip: RawRoundTrip) -> None:
             ("Redis Cluster, ?wait_replicas=1", cluster.url + "?wait_replicas=1"),
         ]
         asyncio.run(_one_at_a_time(backends, args.steps, args.runs, raw_round_trip))
+        if args.one_run_only:
+            return
         print(f"\n== concurrency keys: pairs/s, 100 keys, 64 tasks, best of {args.rounds}")
         for label, url in (("single-node Redis", single.url), ("Redis Cluster", cluster.url)):
             rate = asyncio.run(_pairs_per_s(url, args.rounds))
@@ -188,6 +196,13 @@ async def _one_at_a_time(
             f"({min(step):.2f}-{max(step):.2f}x), pooled {pooled:.2f}x; run time "
             f"{statistics.median(whole):.2f}x median of rounds, steps/s pooled {rate:.2f}x"
         )
+        for what, ratios in (("step p50", step), ("run time", whole)):
+            low, high, coverage = order_interval(ratios)
+            b_low, b_high = bootstrap_interval(ratios)
+            print(
+                f"{'':<38} {what} median ratio, 95% interval: order statistics "
+                f"{low:.2f}-{high:.2f}x (covers {coverage:.1%}), bootstrap {b_low:.2f}-{b_high:.2f}x"
+            )
 
 
 def _load_and_print(
