@@ -13,6 +13,7 @@ detection, retries and error mapping live in ``_redis_client``, the base of ``Re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from redis.crc import key_slot
 from .._errors import CheckpointError, CorruptRecord
 from .._settings import get_settings
 from ._cluster import close_client, split_options
+from ._cluster_index import ClusterIndex
 from ._cluster_lean import LOST, REDIRECTED
 from ._codec import (
     FINAL_STATUSES,
@@ -46,7 +48,7 @@ from ._keys import RunFields as F
 from ._lean import pack, pack_args
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
-from ._redis_client import RedisConnection, one_line
+from ._redis_client import one_line
 from ._url import check_redis_url, redact_url
 
 __all__ = ["RedisStore"]
@@ -57,6 +59,8 @@ _SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most 
 _SWEEP_BATCH = 500
 # EVALSHA of the commit script with its 2 keys and 11 arguments: the fixed part, packed once.
 _COMMIT_HEAD = b"*16\r\n" + pack_args(("EVALSHA", SCRIPTS["commit"].sha, "2"))
+# The same with a third key and a 12th argument: a run's first commit on a cluster (_cluster_index).
+_FIRST_COMMIT_HEAD = b"*18\r\n" + pack_args(("EVALSHA", SCRIPTS["commit"].sha, "3"))
 
 
 class _Commit(NamedTuple):
@@ -64,13 +68,20 @@ class _Commit(NamedTuple):
 
     run_id: str
     token: int
-    keys: tuple[str, str]
+    keys: tuple[str, ...]
+    """The run's keys; on a cluster, for the run's first commit, its slot's ``unindexed`` set too
+    (and the run id as a 12th argument)."""
     args: list[str | bytes]
     slot: int = -1
     """On a cluster, the hash slot of the run's keys (computed once, routed by); -1 elsewhere."""
 
+    def packed(self) -> bytes:
+        """The EVALSHA of the commit script, packed."""
+        head = _COMMIT_HEAD if len(self.keys) == 2 else _FIRST_COMMIT_HEAD
+        return commit_wire(head, self.keys, self.args)
 
-class RedisStore(RedisConnection, CheckpointStore):
+
+class RedisStore(ClusterIndex, CheckpointStore):
     """Checkpoint store in Redis: ``redis://[:password@]host:port/db`` or ``rediss://`` (TLS).
 
     Nothing connects until the first call. ``retry_for_s`` bounds how long one call retries
@@ -115,6 +126,9 @@ class RedisStore(RedisConnection, CheckpointStore):
         self._commits: InFlightGroup[_Commit] = InFlightGroup(self._send_commits)
         # On a cluster: one group commit per master, by node name ("" while none is known).
         self._per_master: dict[str, InFlightGroup[_Commit]] = {}
+        # On a cluster: runs created here whose first commit has not gone yet (it takes them
+        # out of their slot's `unindexed` set, see _cluster_index).
+        self._first_commit: set[str] = set()
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -141,8 +155,7 @@ class RedisStore(RedisConnection, CheckpointStore):
         if self.cluster is None:
             await self._call(self._connect)
         if self.cluster:
-            # The index lives in another slot: a cluster refuses a script that spans slots.
-            reply = await self._script_fast("create_run", keys[:2], args)
+            reply = await self._create_on_cluster(run_id, run.created_at, keys, args)
         else:
             reply = await self._script("create", keys, args)
         if reply[0] != 0:
@@ -150,14 +163,30 @@ class RedisStore(RedisConnection, CheckpointStore):
                 f"run {run_id!r} already exists in {self.url}; choose another run id, "
                 "or resume that run"
             )
-        if self.cluster:
-            added = pack("ZADD", keys[2], repr(run.created_at), run_id)
-            done, _ = await self._on_master(keys[2], added)
-            if not done:
-                score = {run_id: run.created_at}
-                await self._call(lambda: self._client.zadd(self.keys.index, score), key=keys[2])
         if time.time() - self._last_sweep > _SWEEP_EVERY_S:
             await self._sweep_index()
+
+    async def _create_on_cluster(
+        self, run_id: str, created_at: float, keys: list[str], args: list[str | bytes]
+    ) -> Any:
+        """The index lives in another slot, which a cluster refuses in the run's script: the
+        script (which also puts the run into its slot's ``unindexed`` set) and the index entry
+        go at once, to their two masters; both acknowledged, the run's first commit empties
+        the set again (see ``_cluster_index``)."""
+        unindexed = self.keys.unindexed(key_slot(keys[0].encode()))
+        indexing = asyncio.ensure_future(self._index_add(run_id, created_at))
+        try:
+            reply = await self._script_fast("create_run", [keys[0], keys[1], unindexed], args)
+        except BaseException:
+            # The run may exist (a lost reply): then its slot's set has it, for the repair.
+            indexing.cancel()
+            with contextlib.suppress(BaseException):
+                await indexing
+            raise
+        await indexing
+        if reply[0] == 0:
+            self._first_commit.add(run_id)
+        return reply
 
     async def get_run(self, run_id: str) -> RunRecord:
         """Load a run. RunNotFound if absent (or expired), CorruptRecord if unreadable."""
@@ -217,7 +246,13 @@ class RedisStore(RedisConnection, CheckpointStore):
             step_data,
             self._ttl_ms if progress.status in FINAL_STATUSES else "0",
         ]
-        keys = (self.keys.run(run_id), self.keys.steps(run_id))
+        keys: tuple[str, ...] = (self.keys.run(run_id), self.keys.steps(run_id))
+        if self._first_commit and run_id in self._first_commit:
+            # Taken out before the commit is acknowledged: one that fails leaves the run in
+            # its slot's `unindexed` set, which the repair empties (the index has the run).
+            self._first_commit.discard(run_id)
+            keys += (self.keys.unindexed(key_slot(keys[0].encode())),)
+            args.append(run_id)
         if self.cluster and not self.wait_replicas:
             # The run's slot, once per commit: the group and the connection are found by it.
             slot = key_slot(keys[0].encode())
@@ -242,7 +277,7 @@ class RedisStore(RedisConnection, CheckpointStore):
                 # two turns of the event loop on the step's critical path.
                 return [await self._commit_one(commits[0])]
             return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
-        command = [commit_wire(_COMMIT_HEAD, c.keys, c.args) for c in commits]
+        command = [c.packed() for c in commits]
 
         async def send() -> list[Any]:
             lean = self._fast
@@ -302,7 +337,7 @@ class RedisStore(RedisConnection, CheckpointStore):
         lean = self._cluster_fast.at_slot(commits[0].slot)
         if lean is None:  # the client's map has no master for the slot now
             return await self._through_client(commits)
-        command = [commit_wire(_COMMIT_HEAD, c.keys, c.args) for c in commits]
+        command = [c.packed() for c in commits]
         try:
             replies = await lean.call(command, len(commits))
         except LOST:
@@ -385,6 +420,8 @@ class RedisStore(RedisConnection, CheckpointStore):
             raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
         if time.time() - self._last_sweep > _SWEEP_EVERY_S:
             await self._sweep_index()
+            if self.cluster:
+                await self._repair_index()
         page = limit if status is None else max(limit, 100)
         wanted = None if status is None else status.encode()
         runs: list[RunRecord] = []
@@ -413,6 +450,8 @@ class RedisStore(RedisConnection, CheckpointStore):
                     runs.append(self._assemble(run_id, self.keys.run(run_id), fields))
                 except CheckpointError as exc:
                     logger.warning("list_runs skips run %r: %s", run_id, exc)
+        if stale and self.cluster:
+            stale = await self._stale_for_good(stale)
         if stale:
             await self._call(lambda: self._client.zrem(self.keys.index, *stale))
         return runs[:limit]
@@ -492,6 +531,8 @@ class RedisStore(RedisConnection, CheckpointStore):
         if old:
             found = await self._pipelined(old, lambda pipe, key: pipe.exists(key))
             gone = [rid for rid, exists in zip(old, found, strict=True) if exists == 0]
+            if gone and self.cluster:
+                gone = await self._stale_for_good(gone)
             if gone:
                 await self._call(lambda: self._client.zrem(index, *gone))
 

@@ -1,0 +1,145 @@
+"""The run index on a Redis Cluster: written beside the run's creation, repaired after a crash.
+
+On one Redis node the ``create`` script adds the run to the index (``chainrt:runs``) in the same
+round trip. On a cluster the index lives in a slot of its own, which a run's script may not
+touch. ``create_run`` sends both at once, so a run's creation costs one round trip as on one node:
+
+- the ``create_run`` script to the run's master, which writes the run and adds its id to the
+  ``unindexed`` set of the run's own slot (``StoreKeys.unindexed``), atomically;
+- ``ZADD NX`` of the index entry to the index's master (:meth:`ClusterIndex._index_add`).
+
+``create_run`` returns once both are acknowledged, and the run's first commit takes its id out of
+the set. A process killed between the two writes, or an index master that stayed down past the
+retry window, leaves the id in the set: :meth:`ClusterIndex._repair_index`, which ``list_runs``
+runs (at most once a minute per store, and on its first call), reads every slot's set and puts
+back into the index each run that still exists. A run is therefore never lost from the listing
+for good: the set is written in the same script as the run.
+
+The ``ZADD`` may reach the index before the script reaches the run (two masters, no order): an
+index entry whose run is missing is dropped (by the listing, by the sweep of expired runs) only
+when it is over :data:`INDEX_GRACE_S` old and its run is not in its slot's ``unindexed`` set,
+checked after the run was found missing (:meth:`ClusterIndex._stale_for_good`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Any
+
+from redis import exceptions as rx
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from ._cluster_lean import LOST
+from ._keys import RunFields, StoreKeys
+from ._lean import pack
+from ._redis_client import RedisConnection
+
+__all__ = ["INDEX_GRACE_S", "ClusterIndex"]
+
+logger = logging.getLogger("chainrt.store")
+
+INDEX_GRACE_S = 60.0
+"""How old an index entry without its run must be before the listing drops it (an entry written
+just before its run's script ran is younger; a creation gives up long before this)."""
+
+
+class ClusterIndex(RedisConnection):
+    """The cluster side of the run index, for ``RedisStore`` (see the module)."""
+
+    keys: StoreKeys
+
+    async def _index_add(self, run_id: str, created_at: float) -> None:
+        """The run's index entry (``ZADD NX``: a creation sent again keeps the first score)."""
+        index = self.keys.index
+        command = pack("ZADD", index, "NX", repr(created_at), run_id)
+        done, _ = await self._on_master(index, command)
+        if not done:
+            score = {run_id: created_at}
+            await self._call(lambda: self._client.zadd(index, score, nx=True), key=index)
+
+    async def _stale_for_good(self, ids: list[bytes]) -> list[bytes]:
+        """Of index entries whose run was just found missing, those that may go: over
+        ``INDEX_GRACE_S`` old and not in their slot's ``unindexed`` set. A run in that set is
+        being created (its index entry got there first) or was cut short (the repair keeps it)."""
+        index = self.keys.index
+        scores = await self._call(lambda: self._client.zmscore(index, ids), key=index)
+        old = time.time() - INDEX_GRACE_S
+        aged = [rid for rid, score in zip(ids, scores, strict=True) if score is None or score < old]
+
+        async def members() -> list[Any]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for rid in aged:
+                    run_key = self.keys.run(rid.decode(errors="replace")).encode()
+                    pipe.sismember(self.keys.unindexed(key_slot(run_key)), rid)
+                result: list[Any] = await pipe.execute()
+                return result
+
+        being_created = await self._call(members) if aged else []
+        return [rid for rid, member in zip(aged, being_created, strict=True) if not member]
+
+    async def _repair_index(self) -> int:
+        """Put back into the index every run listed in an ``unindexed`` set that still exists,
+        then empty those sets; the number of runs put back."""
+        found = await self._unindexed_members()
+        if not found:
+            return 0
+        ids = sorted({run_id for members in found.values() for run_id in members})
+        index = self.keys.index
+        scores = await self._call(lambda: self._client.zmscore(index, ids), key=index)
+        missing = [rid for rid, score in zip(ids, scores, strict=True) if score is None]
+        restored: dict[bytes, float] = {}
+        for rid in missing:
+            key = self.keys.run(rid.decode(errors="replace"))
+            created = await self._call(
+                partial(self._client.hget, key, RunFields.CREATED_AT), key=key
+            )
+            if created is not None:  # a run that expired or was deleted needs no entry
+                restored[rid] = float(created)
+        if restored:
+            await self._call(lambda: self._client.zadd(index, restored, nx=True), key=index)
+            logger.warning(
+                "the run index missed %d run(s) of a creation cut short; put them back: %s",
+                len(restored),
+                ", ".join(sorted(r.decode(errors="replace") for r in restored)),
+            )
+        # Only after the index has them: a repair cut short here is done again next time.
+        for slot, members in found.items():
+            key = self.keys.unindexed(slot)
+            await self._call(partial(self._client.srem, key, *members), key=key)
+        return len(restored)
+
+    async def _unindexed_members(self) -> dict[int, list[bytes]]:
+        """Every slot's ``unindexed`` members, by slot (only slots with some): one pipelined
+        ``SMEMBERS`` per master, on bare connections; a slot whose call is redirected or lost
+        is read through the cluster client."""
+        masters = self._cluster_fast
+        by_master: dict[str, list[int]] = {}
+        for slot in range(REDIS_CLUSTER_HASH_SLOTS):
+            by_master.setdefault(masters.master_at(slot), []).append(slot)
+        found: dict[int, list[bytes]] = {}
+        again: list[int] = []
+        for slots in by_master.values():
+            lean = masters.at_slot(slots[0])
+            if lean is None:
+                again += slots
+                continue
+            commands = [pack("SMEMBERS", self.keys.unindexed(slot)) for slot in slots]
+            try:
+                replies: list[Any] = await lean.call(commands, len(commands))
+            except LOST:
+                await masters.refresh(lost=lean)
+                again += slots
+                continue
+            for slot, reply in zip(slots, replies, strict=True):
+                if isinstance(reply, rx.ResponseError):
+                    again.append(slot)
+                elif reply:
+                    found[slot] = list(reply)
+        for slot in again:
+            key = self.keys.unindexed(slot)
+            members = await self._call(partial(self._client.smembers, key), key=key)
+            if members:
+                found[slot] = sorted(members)
+        return found

@@ -1,0 +1,89 @@
+"""The run index on a real local Redis Cluster: a run's creation writes the run and its index
+entry at once (two masters), and a run whose index entry a crash lost is listed again
+(``chainrt/store/_cluster_index.py``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+
+from chainrt.store import RedisStore, RunProgress
+from chainrt.testing.redis_cluster import LocalCluster
+from chainrt.testing.store_conformance import make_run, make_step
+
+pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow]
+
+_RUNNING = RunProgress(status="running", budget_used_ms=1.0)
+
+
+@pytest.fixture
+async def raw(cluster_url: str) -> AsyncIterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_url)
+    yield client
+    await client.aclose()
+    await client.nodes_manager.aclose("startup_nodes")  # aclose leaves these open
+
+
+def _off_the_index(redis_cluster: LocalCluster, store: RedisStore, prefix: str) -> str:
+    """A run id whose master is not the index's: its two writes go to two masters."""
+    index_master = redis_cluster.master_of(store.keys.index)
+    for i in range(100):
+        run_id = f"{prefix}-{i}"
+        if redis_cluster.master_of(store.keys.run(run_id)) != index_master:
+            return run_id
+    raise AssertionError("every run id fell on the index's master")
+
+
+async def test_a_run_whose_index_entry_a_crash_lost_is_listed_again(
+    redis_cluster: LocalCluster, cluster_url: str, raw: RedisCluster
+) -> None:
+    """What a process killed between the two writes leaves: the run, in its slot's `unindexed`
+    set, and no index entry. A fresh store's listing puts it back and lists it."""
+    store = RedisStore(cluster_url)
+    lost = _off_the_index(redis_cluster, store, "lost")
+    kept = _off_the_index(redis_cluster, store, "kept")
+    await store.create_run(make_run(kept, created_at=1.0))
+    await store.commit(kept, 1, _RUNNING, make_step("a"))  # the first commit empties the set
+    await store.create_run(make_run(lost, created_at=2.0))
+    unindexed = store.keys.unindexed(key_slot(store.keys.run(lost).encode()))
+    assert key_slot(unindexed.encode()) == key_slot(store.keys.run(lost).encode())
+    assert await raw.smembers(unindexed) == {lost.encode()}
+    assert await raw.zscore(store.keys.index, lost) == 2.0  # both writes acknowledged
+    await store.close()
+    # The index's write lost (the crash): the run and its set entry stay.
+    await raw.zrem(store.keys.index, lost)
+    assert await raw.exists(store.keys.run(lost)) == 1
+
+    fresh = RedisStore(cluster_url)
+    listed = [r.run_id for r in await fresh.list_runs()]
+    assert listed == [lost, kept]  # newest first, by the creation time put back
+    assert await raw.zscore(store.keys.index, lost) == 2.0
+    assert await raw.smembers(unindexed) == set()  # repaired once, not again
+    assert (await fresh.get_run(lost)).run_id == lost
+    await fresh.close()
+
+
+async def test_the_first_commit_empties_the_set_and_a_young_orphan_entry_is_kept(
+    redis_cluster: LocalCluster, cluster_url: str, raw: RedisCluster
+) -> None:
+    """Runs created and committed leave no `unindexed` entry. An index entry whose run is not
+    there yet (its ZADD beat its script) is skipped while young, dropped once a minute old."""
+    store = RedisStore(cluster_url)
+    ids = [f"ok-{i}" for i in range(12)]
+    for run_id in ids:
+        await store.create_run(make_run(run_id))
+        await store.commit(run_id, 1, _RUNNING, make_step("a"))
+        await store.commit(run_id, 1, _RUNNING, make_step("b"))
+    for run_id in ids:
+        key = store.keys.unindexed(key_slot(store.keys.run(run_id).encode()))
+        assert await raw.exists(key) == 0
+    await raw.zadd(store.keys.index, {"young": time.time(), "old": time.time() - 120})
+    listed = {r.run_id for r in await store.list_runs()}
+    assert listed == set(ids)
+    assert await raw.zscore(store.keys.index, "young") is not None
+    assert await raw.zscore(store.keys.index, "old") is None
+    await store.close()
