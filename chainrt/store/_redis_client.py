@@ -77,7 +77,8 @@ class RedisConnection:
     _masters: ClusterLean | None = None  # the same on a cluster: one LeanRedis per master
     _masters_of: Any = None
 
-    def _new_client(self) -> Any:
+    def _new_client(self, *, cluster: bool | None = None) -> Any:
+        """A client of the kind ``cluster`` says (default: ``self.cluster``), not connected."""
         # redis-py's own retries are off: _call retries with one deadline for the whole call.
         options: dict[str, Any] = {
             "retry": Retry(NoBackoff(), 0),
@@ -85,7 +86,7 @@ class RedisConnection:
             "socket_connect_timeout": min(self._socket_timeout_s, 1.0),
         }
         try:
-            if self.cluster:
+            if self.cluster if cluster is None else cluster:
                 return cluster_client(self._client_url, **options)
             client = aioredis.Redis.from_url(self._client_url, **options)
             # Builds (does not connect) one connection: an unknown ?option fails here, now,
@@ -118,11 +119,11 @@ class RedisConnection:
         if not found:
             self.cluster = False
             return
-        self.cluster = True  # _new_client builds a cluster client (or refuses a db other than 0)
-        try:
-            client = self._new_client()
-        finally:
-            self.cluster = None
+        # A cluster client (or the refusal of a db other than 0). Not by setting self.cluster for
+        # a moment: a call that found out first may have set it meanwhile, and putting it back
+        # to None made this call's client replace that one, left open (an unclosed ClusterNode
+        # at garbage collection, which pytest turns into an unrelated test's failure).
+        client = self._new_client(cluster=True)
         try:
             await client.initialize()
         except BaseException:
