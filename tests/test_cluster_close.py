@@ -37,7 +37,8 @@ async def test_a_store_whose_first_calls_start_together_leaves_nothing_open(
     """Calls that start together each find out that the URL names a cluster and ready a client;
     one is kept, the others closed. A late finder used to put the store back to "unknown" and
     replace the kept client, left open (staggered starts make that likely: before the fix, this
-    test failed on its first try with 24 warnings, the kept client among them)."""
+    test failed on its first try, pytest counting 23 warnings past the first, the kept client
+    among them)."""
     assert _left_open() == []  # nothing of an earlier test is counted here
     for round_ in range(6):
         store = RedisStore(cluster_url)
