@@ -32,8 +32,6 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
-
 from .._errors import CheckpointError
 
 __all__ = [
@@ -101,6 +99,10 @@ def slot_tag(slot: int) -> str:
 def _slot_tags() -> tuple[str, ...]:
     """The first ``ix<hex>`` tag of each slot, found once (about 300,000 CRC16s, 0.2 s; only a
     store on a cluster needs them)."""
+    # Imported here: importing the redis package loads its OpenTelemetry hooks, which a process
+    # on SQLite (these keys' module is shared) or with tracing off must not pay for.
+    from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
     tags: dict[int, str] = {}
     i = 0
     while len(tags) < REDIS_CLUSTER_HASH_SLOTS:
