@@ -462,8 +462,8 @@ class RedisStore(ClusterIndex, CheckpointStore):
         if self._loop is asyncio.get_running_loop():
             await self._close_fast()
             await close_client(self._redis)
-        else:  # its loop is gone: nothing can be awaited there; let the collector have it
-            self._lean = self._lean_of = self._masters = self._masters_of = None
+        elif self._loop is not None:  # a foreign loop: closed on the store's own, if it runs
+            self._retire(self._loop)  # (a closed loop's were closed at its shutdown)
             self._redis = self._new_client()
 
     def _check(self, reply: list[Any], run_id: str, token: int, *, action: str) -> None:

@@ -12,7 +12,8 @@ failover; on a cluster also ``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -76,6 +77,7 @@ class RedisConnection:
     _lean_of: Any = None  # the client _lean was built from (a new loop gets a new client)
     _masters: ClusterLean | None = None  # the same on a cluster: one LeanRedis per master
     _masters_of: Any = None
+    _loop_closer: AsyncIterator[None] | None = None  # closes the connections at the loop's end
 
     def _new_client(self, *, cluster: bool | None = None) -> Any:
         """A client of the kind ``cluster`` says (default: ``self.cluster``), not connected."""
@@ -142,12 +144,46 @@ class RedisConnection:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # Connections belong to the loop that opened them. A store used from a new loop
-            # (the sync API runs one asyncio.run per call) gets a fresh pool; the old loop is
-            # gone, so its sockets are left to the garbage collector.
+            # (a script running asyncio.run per call) gets a fresh pool; the old loop's were
+            # closed when that loop shut down (_close_at_loop_end), or are closed on it now.
             if self._loop is not None:
+                self._retire(self._loop)
                 self._redis = self._new_client()
             self._loop = loop
+            self._close_at_loop_end(loop)
         return self._redis
+
+    def _retire(self, old: asyncio.AbstractEventLoop) -> None:
+        """Let go of the connections of ``old``, a loop the store no longer uses: closed there
+        if it still runs (another thread); a closed loop's were closed at its shutdown."""
+        held = (self._redis, self._lean, self._masters)
+        self._lean = self._lean_of = self._masters = self._masters_of = None
+        if old.is_running() and not old.is_closed():
+            with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                asyncio.run_coroutine_threadsafe(_close_all(*held), old)
+
+    def _close_at_loop_end(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close this store's connections on ``loop`` when it shuts down.
+
+        Nothing can be awaited on a closed loop, so they must be closed before: an async
+        generator registered with the loop is finalised by ``loop.shutdown_asyncgens()``, which
+        asyncio.run (and every asyncio.Runner) awaits before closing the loop. A loop closed
+        without it still leaves them to the collector.
+        """
+        closer = self._closer(loop)
+        step: Any = closer.__anext__()  # registers it with the loop (its first iteration)
+        with contextlib.suppress(StopIteration):
+            step.send(None)  # runs it to its yield, no await needed
+        self._loop_closer = closer  # the loop only holds it weakly
+
+    async def _closer(self, loop: asyncio.AbstractEventLoop) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if self._loop is loop and asyncio.get_running_loop() is loop:
+                held = (self._redis, self._lean, self._masters)
+                self._lean = self._lean_of = self._masters = self._masters_of = None
+                await _close_all(*held)
 
     @property
     def _fast(self) -> LeanRedis:
@@ -346,6 +382,16 @@ class RedisConnection:
             f"the {what} store {self.url} is unreachable ({one_line(exc)}); gave up after "
             f"{self.retry_for_s:g}s of retries. Check that {what} is up, then try again"
         )
+
+
+async def _close_all(client: Any, lean: LeanRedis | None, masters: ClusterLean | None) -> None:
+    """Close a client and the bare connections taken from it (on their loop)."""
+    for done in (lean, masters):
+        if done is not None:
+            with contextlib.suppress(Exception):
+                await done.aclose()
+    with contextlib.suppress(Exception):
+        await close_client(client)
 
 
 def _is_transient(exc: BaseException) -> bool:
