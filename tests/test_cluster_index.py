@@ -87,3 +87,75 @@ async def test_the_first_commit_empties_the_set_and_a_young_orphan_entry_is_kept
     assert await raw.zscore(store.keys.index, "young") is not None
     assert await raw.zscore(store.keys.index, "old") is None
     await store.close()
+
+
+async def test_a_queued_run_leaves_no_unindexed_entry_and_an_owned_one_waits_for_its_commit(
+    redis_cluster: LocalCluster, cluster_url: str, raw: RedisCluster
+) -> None:
+    """A run created without an owner (queued for a runner elsewhere, as `chainrt serve` creates
+    them) is taken out of its slot's set at once: no commit of the creating process will come, and
+    a long-lived API process must not remember every run it ever queued. An owned run stays in the
+    set (and in the store's memory) until its first commit."""
+    store = RedisStore(cluster_url)
+    queued = _off_the_index(redis_cluster, store, "queued")
+    owned = _off_the_index(redis_cluster, store, "owned")
+    await store.create_run(make_run(queued, owner=None, status="queued", token=0))
+    await store.create_run(make_run(owned))
+
+    def unindexed(run_id: str) -> str:
+        return store.keys.unindexed(key_slot(store.keys.run(run_id).encode()))
+
+    assert await raw.sismember(unindexed(queued), queued) == 0
+    assert await raw.sismember(unindexed(owned), owned) == 1
+    assert list(store._first_commit) == [owned]
+    await store.commit(owned, 1, _RUNNING, make_step("a"))
+    assert await raw.sismember(unindexed(owned), owned) == 0
+    assert not store._first_commit
+    assert {r.run_id for r in await store.list_runs()} == {queued, owned}
+    await store.close()
+
+
+async def test_the_runs_awaiting_their_first_commit_are_bounded_and_the_repair_takes_the_rest(
+    redis_cluster: LocalCluster,
+    cluster_url: str,
+    raw: RedisCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store remembers at most FIRST_COMMIT_MAX runs it created and has not committed; the
+    oldest it forgot stay in their slots' sets until a listing's repair empties them (their
+    index entries are there, so nothing is added)."""
+    monkeypatch.setattr("chainrt.store._redis.FIRST_COMMIT_MAX", 3)
+    store = RedisStore(cluster_url)
+    ids = [f"never-committed-{i}" for i in range(5)]
+    for i, run_id in enumerate(ids):
+        await store.create_run(make_run(run_id, created_at=10.0 + i))
+    assert list(store._first_commit) == ids[2:]
+    sets = {store.keys.unindexed(key_slot(store.keys.run(r).encode())) for r in ids}
+    assert {m for key in sets for m in await raw.smembers(key)} == {r.encode() for r in ids}
+    await store.close()
+
+    fresh = RedisStore(cluster_url)
+    assert [r.run_id for r in await fresh.list_runs()] == ids[::-1]
+    assert {m for key in sets for m in await raw.smembers(key)} == set()
+    await fresh.close()
+
+
+async def test_the_repair_puts_back_every_lost_entry_and_skips_runs_that_are_gone(
+    redis_cluster: LocalCluster, cluster_url: str, raw: RedisCluster
+) -> None:
+    """Several runs lost their index entries (their creation times are read in one pipeline);
+    one of them was deleted since, and gets no entry back."""
+    store = RedisStore(cluster_url)
+    ids = [_off_the_index(redis_cluster, store, f"lost{i}") for i in range(4)]
+    for i, run_id in enumerate(ids):
+        await store.create_run(make_run(run_id, created_at=100.0 + i))
+    await store.close()
+    for run_id in ids:
+        await raw.zrem(store.keys.index, run_id)
+    await raw.delete(store.keys.run(ids[0]), store.keys.steps(ids[0]))
+
+    fresh = RedisStore(cluster_url)
+    assert [r.run_id for r in await fresh.list_runs()] == ids[:0:-1]
+    scores = [await raw.zscore(store.keys.index, r) for r in ids]
+    assert scores == [None, 101.0, 102.0, 103.0]
+    await fresh.close()

@@ -9,7 +9,9 @@ touch. ``create_run`` sends both at once, so a run's creation costs one round tr
 - ``ZADD NX`` of the index entry to the index's master (:meth:`ClusterIndex._index_add`).
 
 ``create_run`` returns once both are acknowledged, and the run's first commit takes its id out of
-the set. A process killed between the two writes, or an index master that stayed down past the
+the set; a run created without an owner (queued for a runner in another process, as ``chainrt
+serve`` creates them) is taken out by an ``SREM`` as soon as both are acknowledged, since no
+commit of this process will come. A process killed between the two writes, or an index master that stayed down past the
 retry window, leaves the id in the set: :meth:`ClusterIndex._repair_index`, which ``list_runs``
 runs (at most once a minute per store, and on its first call), reads every slot's set and puts
 back into the index each run that still exists. A run is therefore never lost from the listing
@@ -31,18 +33,25 @@ from typing import Any
 from redis import exceptions as rx
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
+from .._errors import CheckpointError
 from ._cluster_lean import LOST
 from ._keys import RunFields, StoreKeys
 from ._lean import pack
 from ._redis_client import RedisConnection
 
-__all__ = ["INDEX_GRACE_S", "ClusterIndex"]
+__all__ = ["FIRST_COMMIT_MAX", "INDEX_GRACE_S", "ClusterIndex"]
 
 logger = logging.getLogger("chainrt.store")
 
 INDEX_GRACE_S = 60.0
 """How old an index entry without its run must be before the listing drops it (an entry written
 just before its run's script ran is younger; a creation gives up long before this)."""
+
+
+FIRST_COMMIT_MAX = 65_536
+"""How many runs a store remembers as created here and not yet committed (their first commit
+empties their slot's ``unindexed`` entry); past that the oldest is forgotten, and the repair
+empties its entry instead. Bounds a process that creates runs it never commits."""
 
 
 class ClusterIndex(RedisConnection):
@@ -58,6 +67,17 @@ class ClusterIndex(RedisConnection):
         if not done:
             score = {run_id: created_at}
             await self._call(lambda: self._client.zadd(index, score, nx=True), key=index)
+
+    async def _unindex(self, run_id: str, unindexed: str) -> None:
+        """Take a run whose index entry is acknowledged out of its slot's ``unindexed`` set
+        (``SREM``). Best effort: an entry left there is emptied by the next repair."""
+        command = pack("SREM", unindexed, run_id)
+        try:
+            done, _ = await self._on_master(unindexed, command)
+            if not done:
+                await self._call(lambda: self._client.srem(unindexed, run_id), key=unindexed)
+        except CheckpointError as exc:  # StoreUnavailable included
+            logger.info("run %s stays in %s until the index repair: %s", run_id, unindexed, exc)
 
     async def _stale_for_good(self, ids: list[bytes]) -> list[bytes]:
         """Of index entries whose run was just found missing, those that may go: over
@@ -89,14 +109,20 @@ class ClusterIndex(RedisConnection):
         index = self.keys.index
         scores = await self._call(lambda: self._client.zmscore(index, ids), key=index)
         missing = [rid for rid, score in zip(ids, scores, strict=True) if score is None]
-        restored: dict[bytes, float] = {}
-        for rid in missing:
-            key = self.keys.run(rid.decode(errors="replace"))
-            created = await self._call(
-                partial(self._client.hget, key, RunFields.CREATED_AT), key=key
-            )
-            if created is not None:  # a run that expired or was deleted needs no entry
-                restored[rid] = float(created)
+
+        async def created_at() -> list[Any]:  # one pipelined HGET per run, by master
+            async with self._client.pipeline(transaction=False) as pipe:
+                for rid in missing:
+                    pipe.hget(self.keys.run(rid.decode(errors="replace")), RunFields.CREATED_AT)
+                result: list[Any] = await pipe.execute()
+                return result
+
+        created = await self._call(created_at) if missing else []
+        restored: dict[bytes, float] = {
+            rid: float(at)
+            for rid, at in zip(missing, created, strict=True)
+            if at is not None  # a run that expired or was deleted needs no entry
+        }
         if restored:
             await self._call(lambda: self._client.zadd(index, restored, nx=True), key=index)
             logger.warning(

@@ -25,7 +25,7 @@ from redis.crc import key_slot
 from .._errors import CheckpointError, CorruptRecord
 from .._settings import get_settings
 from ._cluster import close_client, split_options
-from ._cluster_index import ClusterIndex
+from ._cluster_index import FIRST_COMMIT_MAX, ClusterIndex
 from ._cluster_lean import LOST, REDIRECTED
 from ._codec import (
     FINAL_STATUSES,
@@ -126,9 +126,10 @@ class RedisStore(ClusterIndex, CheckpointStore):
         self._commits: InFlightGroup[_Commit] = InFlightGroup(self._send_commits)
         # On a cluster: one group commit per master, by node name ("" while none is known).
         self._per_master: dict[str, InFlightGroup[_Commit]] = {}
-        # On a cluster: runs created here whose first commit has not gone yet (it takes them
-        # out of their slot's `unindexed` set, see _cluster_index).
-        self._first_commit: set[str] = set()
+        # On a cluster: runs created here with an owner (this process runs them) whose first
+        # commit has not gone yet (it takes them out of their slot's `unindexed` set, see
+        # _cluster_index); insertion-ordered, at most FIRST_COMMIT_MAX (the oldest go first).
+        self._first_commit: dict[str, None] = {}
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -155,7 +156,7 @@ class RedisStore(ClusterIndex, CheckpointStore):
         if self.cluster is None:
             await self._call(self._connect)
         if self.cluster:
-            reply = await self._create_on_cluster(run_id, run.created_at, keys, args)
+            reply = await self._create_on_cluster(run, keys, args)
         else:
             reply = await self._script("create", keys, args)
         if reply[0] != 0:
@@ -167,14 +168,16 @@ class RedisStore(ClusterIndex, CheckpointStore):
             await self._sweep_index()
 
     async def _create_on_cluster(
-        self, run_id: str, created_at: float, keys: list[str], args: list[str | bytes]
+        self, run: RunRecord, keys: list[str], args: list[str | bytes]
     ) -> Any:
         """The index lives in another slot, which a cluster refuses in the run's script: the
         script (which also puts the run into its slot's ``unindexed`` set) and the index entry
         go at once, to their two masters; both acknowledged, the run's first commit empties
-        the set again (see ``_cluster_index``)."""
+        the set again (see ``_cluster_index``), or, for a run created without an owner (queued
+        for a runner elsewhere: ``chainrt serve``), an ``SREM`` right away."""
+        run_id = run.run_id
         unindexed = self.keys.unindexed(key_slot(keys[0].encode()))
-        indexing = asyncio.ensure_future(self._index_add(run_id, created_at))
+        indexing = asyncio.ensure_future(self._index_add(run_id, run.created_at))
         try:
             reply = await self._script_fast("create_run", [keys[0], keys[1], unindexed], args)
         except BaseException:
@@ -185,7 +188,14 @@ class RedisStore(ClusterIndex, CheckpointStore):
             raise
         await indexing
         if reply[0] == 0:
-            self._first_commit.add(run_id)
+            if run.owner is not None:  # its first commit, here, empties the set
+                first = self._first_commit
+                if len(first) >= FIRST_COMMIT_MAX:
+                    # A run that never commits here: the repair empties its set entry.
+                    del first[next(iter(first))]
+                first[run_id] = None
+            else:  # queued for another process: nothing here will commit it
+                await self._unindex(run_id, unindexed)
         return reply
 
     async def get_run(self, run_id: str) -> RunRecord:
@@ -250,7 +260,7 @@ class RedisStore(ClusterIndex, CheckpointStore):
         if self._first_commit and run_id in self._first_commit:
             # Taken out before the commit is acknowledged: one that fails leaves the run in
             # its slot's `unindexed` set, which the repair empties (the index has the run).
-            self._first_commit.discard(run_id)
+            del self._first_commit[run_id]
             keys += (self.keys.unindexed(key_slot(keys[0].encode())),)
             args.append(run_id)
         if self.cluster and not self.wait_replicas:
