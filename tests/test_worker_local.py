@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -332,3 +333,21 @@ def test_chat_without_max_tokens_gets_what_fits(worker: WorkerProcess) -> None:
     assert answer.usage.prompt_tokens > 1000
     assert f"({answer.usage.prompt_tokens} tokens)" in body["message"]  # the same prompt
     assert answer.usage.completion_tokens <= room
+
+
+def test_a_worker_whose_port_was_taken_before_it_bound_starts_on_another() -> None:
+    """The test fixture's port is picked free, but the worker binds it only once its engine is
+    loaded: a process that takes it meanwhile made a whole module's tests error (seen in a full
+    run beside a Redis cluster's nodes). The fixture starts it again on another port."""
+    proc = WorkerProcess("--engine", "local")
+    taken = proc.port
+    assert taken is not None
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", taken))
+    squatter.listen()
+    try:
+        with proc:
+            assert proc.port != taken
+            assert proc.http.get("/health/ready").status_code == 200
+    finally:
+        squatter.close()

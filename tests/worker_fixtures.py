@@ -52,6 +52,14 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+_BIND_TRIES = 3
+"""Starts of a worker whose port another process took before the worker bound it."""
+
+
+class _PortTaken(Exception):
+    """The worker exited because its port was taken before it could bind it."""
+
+
 class WorkerProcess:
     """``chainrt-worker serve`` in a subprocess, on a free port or a Unix socket."""
 
@@ -80,7 +88,35 @@ class WorkerProcess:
         self.stop()
 
     def start(self) -> WorkerProcess:
-        """Start the worker and wait until ``/health/ready`` answers 200."""
+        """Start the worker and wait until ``/health/ready`` answers 200.
+
+        The port was free when it was picked, but the worker binds it only once its engine is
+        loaded (seconds later): a process that took it meanwhile (a Redis cluster node's bus
+        port, another suite's server) makes the worker exit with "address already in use". It
+        is started again on another free port then, up to :data:`_BIND_TRIES` times in all.
+        """
+        for attempt in range(1, _BIND_TRIES + 1):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if attempt == _BIND_TRIES:
+                    raise RuntimeError(
+                        f"worker could not bind a free port in {_BIND_TRIES} tries:\n{self.logs()}"
+                    ) from None
+                self._move_to(free_port())
+        raise AssertionError("unreachable")
+
+    def _move_to(self, port: int) -> None:
+        """Use ``port`` for the next start (a fresh log, client and argv)."""
+        self.http.close()
+        self.port = port
+        self.argv[-1] = str(port)
+        self.base = f"http://127.0.0.1:{port}"
+        self.http = httpx.Client(base_url=self.base, transport=self._transport(), timeout=30)
+        self._log.close()
+        self._log = tempfile.NamedTemporaryFile(prefix="chainrt-worker-", suffix=".log")  # noqa: SIM115
+
+    def _start_once(self) -> WorkerProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH")] if p)
         self.process = subprocess.Popen(
@@ -89,7 +125,10 @@ class WorkerProcess:
         deadline = time.monotonic() + self._ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.logs()}")
+                logs = self.logs()
+                if not self.uds and "address already in use" in logs:
+                    raise _PortTaken(logs)
+                raise RuntimeError(f"worker exited with {self.process.returncode}:\n{logs}")
             # httpcore leaks the socket of a failed Unix-socket connect: wait for the file first.
             if self.uds and not Path(self.uds).exists():
                 time.sleep(0.1)
