@@ -19,6 +19,8 @@ chainrt's own options on the URL (taken off before redis-py sees it)::
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -28,6 +30,8 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import RedisCluster
 
 from ._cluster_asking import AskingSafeCluster
+
+logger = logging.getLogger("chainrt.store")
 
 __all__ = [
     "CLUSTER_TRANSIENT",
@@ -143,8 +147,15 @@ async def close_client(client: Any) -> None:
     """Close a client of either kind, every connection included.
 
     redis-py's cluster client keeps the connection it read the slot map with on its "startup
-    node" objects, which its ``aclose`` leaves open: they are closed here too.
+    node" objects, which its ``aclose`` leaves open: they are closed here too. Never raises for a
+    connection that would not close in time (redis-py gives up on one after
+    ``socket_connect_timeout``): the others are closed all the same, and a caller closing a spare
+    client (a lost connect race) must not fail for it.
     """
-    await client.aclose()
+    try:
+        await client.aclose()
+    except Exception as exc:  # closing is best effort; the rest is still closed below
+        logger.debug("closing a Redis client: %s: %s", type(exc).__name__, exc)
     if isinstance(client, RedisCluster):
-        await client.nodes_manager.aclose("startup_nodes")
+        with contextlib.suppress(Exception):
+            await client.nodes_manager.aclose("startup_nodes")

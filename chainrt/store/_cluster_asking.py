@@ -65,9 +65,13 @@ class AskingSafeCluster(RedisCluster):
 
     async def aclose(self) -> None:
         """redis-py's ``aclose``, then every node this client ever held is disconnected too
-        (those a refresh dropped from its maps included)."""
-        await super().aclose()
-        met, self._met = self.__dict__.get("_met", {}), {}
-        for node in met.values():
-            with contextlib.suppress(Exception):
-                await node.disconnect()
+        (those a refresh dropped from its maps included), also when redis-py's raised: it gives
+        up at the first connection that takes over ``socket_connect_timeout`` to close (a busy
+        loop on a loaded machine), leaving the startup node's connection open."""
+        try:
+            await super().aclose()
+        finally:
+            met, self._met = self.__dict__.get("_met", {}), {}
+            for node in met.values():
+                with contextlib.suppress(Exception):
+                    await node.disconnect()
