@@ -51,17 +51,30 @@ def test_reload_under_requests_fails_none(worker: WorkerProcess) -> None:
                 continue
             answered.append((sent, time.monotonic(), answer.model))
 
+    def answers_after(moment: float, *, sent: bool) -> bool:
+        """Whether an answer came (sent=False) or was sent (sent=True) after ``moment``: waited
+        for rather than slept on, since one short answer took over 2 s on a loaded 2-CPU machine
+        (a verify run beside scripts/cpu_hog saw no answer before the reload began)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not failed:
+            if any((s if sent else d) > moment for s, d, _ in answered):
+                return True
+            time.sleep(0.05)
+        return False
+
     threads = [threading.Thread(target=client) for _ in range(4)]
     for thread in threads:
         thread.start()
     try:
-        time.sleep(2.0)
+        answers_after(time.monotonic(), sent=False)  # the old engine is answering
+        time.sleep(0.5)
         began = time.monotonic()
         reply = worker.post(
             "/admin/reload", json={"served_model_name": "v2"}, headers=AUTH, timeout=300
         )
         swapped = time.monotonic()
-        time.sleep(2.0)
+        time.sleep(0.5)
+        answers_after(swapped, sent=True)  # a request sent after the swap has its answer
     finally:
         stop.set()
         for thread in threads:
