@@ -20,6 +20,10 @@ With ``--concurrency N[,N...]`` it runs N runs at once in one process instead, f
 prints durable steps/s (every step of every run, over the wall time of the whole batch) and the
 per-step p50/p99 across all runs, next to the raw round trip's p50/p99 in the same run; each N
 repeats batches until about ``--runs x --steps`` steps have run (at least 3 batches).
+
+Both modes stand in for a runner process, so after the warm-up run they tune the garbage
+collector as ``chainrt run``/``serve`` do (``chainrt/_gc.py``) and say so; ``--no-gc-tuning``
+leaves Python's defaults. The last line gives the process's RSS.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
+from _gc_flag import add_gc_flag, apply_gc, memory_label
 from _redis import add_persistence_flag
 from _step_samples import SOURCE, Samples, chain, one_run, pct, report
 
@@ -83,24 +88,31 @@ async def _raw_samples(url: str, n: int = 2000) -> tuple[list[float], str]:
     return samples, "raw SQLite write transaction"
 
 
-async def _bench(store_url: str, steps: int, runs: int, hooks: Hooks | None) -> None:
+async def _bench(
+    store_url: str, steps: int, runs: int, hooks: Hooks | None, args: argparse.Namespace
+) -> None:
     spec = spec_from_dict(chain(steps))
     samples = Samples()
     async with open_runtime(store=store_url, hooks=hooks) as runtime:
         await runtime.runner.run(spec, {}, source_dir=SOURCE)  # warm-up: imports, caches, tables
+        gc_line = apply_gc(args)
         for _ in range(runs):
             await one_run(runtime, spec, steps, samples)
         raw = await _raw_round_trip(store_url)
     tracing = hooks is not NO_HOOKS and hooks is not None
     report(runtime.store.url, tracing, runs, steps, samples, raw)
+    print(f"{gc_line}; {memory_label()}")
 
 
-async def _concurrent(store_url: str, steps: int, runs: int, levels: list[int]) -> None:
+async def _concurrent(
+    store_url: str, steps: int, runs: int, levels: list[int], args: argparse.Namespace
+) -> None:
     spec = spec_from_dict(chain(steps))
     source = SOURCE
     rows = []
     async with open_runtime(store=store_url) as runtime:
         await runtime.runner.run(spec, {}, source_dir=source)  # warm-up: imports, caches, tables
+        gc_line = apply_gc(args)
         for level in levels:
             batches = max(3, runs * steps // (level * steps))
             gaps: list[float] = []
@@ -134,6 +146,7 @@ async def _concurrent(store_url: str, steps: int, runs: int, levels: list[int]) 
             f"{level:>12} {batches:>8} {rate:>9,.0f} {p50:>8.3f} {p99:>8.3f} "
             f"{p50 / raw50:>7.2f}x {p99 / raw99:>7.2f}x {rate / base:>14.2f}x"
         )
+    print(f"{gc_line}; {memory_label()}")
 
 
 def _levels(text: str) -> list[int]:
@@ -157,6 +170,7 @@ def main() -> None:
         "with --store redis-cluster, runs at once per runner process (its last value, default 8)",
     )
     add_persistence_flag(parser)
+    add_gc_flag(parser)  # not used with --store redis-cluster
     from _cluster import add_cluster_flags
 
     add_cluster_flags(parser)  # used with --store redis-cluster (see bench/_cluster.py)
@@ -185,9 +199,9 @@ def main() -> None:
 
 async def _measure(args: argparse.Namespace, url: str, hooks: Hooks | None) -> None:
     if args.concurrency:
-        await _concurrent(url, args.steps, args.runs, args.concurrency)
+        await _concurrent(url, args.steps, args.runs, args.concurrency, args)
     else:
-        await _bench(url, args.steps, args.runs, hooks)
+        await _bench(url, args.steps, args.runs, hooks, args)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
         default="http://localhost:16686", description="Jaeger UI base URL printed by inspect."
     )
     trace: bool = Field(default=False, description="Force tracing on (like --trace).")
+    gc_tuning: bool = Field(
+        default=True,
+        description="chainrt's own processes (run, resume, serve) freeze what start-up "
+        "allocated and raise the collector's gen0 threshold (chainrt/_gc.py); false leaves "
+        "Python's garbage collector as it is.",
+    )
 
 
 def get_settings() -> Settings:

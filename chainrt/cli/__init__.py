@@ -203,6 +203,7 @@ async def _run(args: argparse.Namespace, watch: RunWatch) -> int:
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace
     ) as runtime:
+        _service.tune_gc(args)
         result = await runtime.runner.run(
             loaded.spec,
             inputs,
@@ -224,6 +225,7 @@ async def _resume(args: argparse.Namespace, watch: RunWatch) -> int:
     async with open_runtime(
         store=args.store, pool=args.pool, progress=progress, trace=args.trace
     ) as runtime:
+        _service.tune_gc(args)
         result = await runtime.runner.resume(
             args.run_id, budget_ms=_budget(args.budget), wait=not args.no_wait
         )
@@ -341,10 +343,16 @@ def _run_stoppable(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``chainrt`` console script; returns the exit code."""
+    """Entry point of the ``chainrt`` console script; returns the exit code.
+
+    Called without ``argv`` (the console script, ``python -m chainrt``) it owns the process:
+    ``run``, ``resume`` and ``serve`` then tune its garbage collector (``chainrt/_gc.py``,
+    ``CHAINRT_GC_TUNING``). Called with ``argv`` (a test, an embedding) it leaves it alone.
+    """
     _log_to_stderr()
     try:
         args = _parser().parse_args(argv)
+        args.own_process = argv is None  # the command line's own process, not an embedding
         if args.command == "schema":
             from ..spec import chain_json_schema
 

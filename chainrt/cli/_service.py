@@ -11,7 +11,7 @@ from typing import Any
 from .._durations import parse_duration_ms
 from ..errors import ChainRTError, InputError
 
-__all__ = ["add_commands", "cancel", "serve", "submit"]
+__all__ = ["add_commands", "cancel", "serve", "submit", "tune_gc"]
 
 _DEFAULT_SERVER = "http://127.0.0.1:8080"
 _FINAL = ("completed", "partial", "rejected", "failed", "cancelled")
@@ -48,6 +48,14 @@ def add_commands(sub: Any) -> None:
     cancel_p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def tune_gc(args: argparse.Namespace) -> None:
+    """Tune the garbage collector when ``main()`` runs as the process's own command line."""
+    if getattr(args, "own_process", False):
+        from .._gc import tune_gc_for_runner
+
+        tune_gc_for_runner()
+
+
 async def serve(args: argparse.Namespace) -> int:
     """``chainrt serve``: serve until SIGTERM/SIGINT, then drain."""
     try:
@@ -59,6 +67,7 @@ async def serve(args: argparse.Namespace) -> int:
         ) from None
     if args.max_runs < 1:
         raise InputError(f"--max-runs must be at least 1, got {args.max_runs}")
+    tune_gc(args)  # after the server's imports
     config = ServeConfig(
         host=args.host,
         port=args.port,
