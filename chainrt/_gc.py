@@ -19,7 +19,7 @@ import gc
 
 __all__ = ["GC_THRESHOLDS", "tune_gc_for_runner"]
 
-GC_THRESHOLDS = (50_000, 20, 100)
+GC_THRESHOLDS = (10_000, 20, 100)
 """The (gen0, gen1, gen2) thresholds a tuned process runs with (CPython's default: 700, 10, 10)."""
 
 _tuned = False
