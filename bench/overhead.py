@@ -21,6 +21,10 @@ prints durable steps/s (every step of every run, over the wall time of the whole
 per-step p50/p99 across all runs, next to the raw round trip's p50/p99 in the same run; each N
 repeats batches until about ``--runs x --steps`` steps have run (at least 3 batches).
 
+With ``--interleave K`` (one run at a time) it runs K rounds of one run then ``--raw-per-round`` raw
+round trips, interleaved, and prints the median of the per-round step/raw ratios (p50 and p99)
+with a 95 % interval and how many rounds met issue 18's goals (``bench/_rounds.py``).
+
 Both modes stand in for a runner process, so after the warm-up run they tune the garbage
 collector as ``chainrt run``/``serve`` do (``chainrt/_gc.py``) and say so; ``--no-gc-tuning``
 leaves Python's defaults. The last line gives the process's RSS.
@@ -98,6 +102,14 @@ async def _bench(
         gc_line = apply_gc(args)
         for _ in range(runs):
             await one_run(runtime, spec, steps, samples)
+        if args.interleave:
+            from _rounds import rounds
+
+            await rounds(
+                runtime, spec, store_url, steps, args.interleave, args.raw_per_round, _raw_samples
+            )
+            print(f"{gc_line}; {memory_label()}")
+            return
         raw = await _raw_round_trip(store_url)
     tracing = hooks is not NO_HOOKS and hooks is not None
     report(runtime.store.url, tracing, runs, steps, samples, raw)
@@ -169,6 +181,14 @@ def main() -> None:
         help="runs at once in one process, e.g. 1,8,64 (steps/s and per-step p50/p99 for each); "
         "with --store redis-cluster, runs at once per runner process (its last value, default 8)",
     )
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="one run at a time: K interleaved rounds of one run and --raw-per-round raw round "
+        "trips, with the median per-round step/raw ratios and their 95%% interval (bench/_rounds.py)",
+    )
+    parser.add_argument("--raw-per-round", type=int, default=300, help="raw round trips per round")
     add_persistence_flag(parser)
     add_gc_flag(parser)  # not used with --store redis-cluster
     from _cluster import add_cluster_flags
