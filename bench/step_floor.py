@@ -124,7 +124,7 @@ async def _floor_run(
             "budget_total_ms": None,
             "trace": None,
         }
-        args = [
+        args: list[str | bytes] = [
             "1",
             "running",
             json.dumps(progress).encode(),
