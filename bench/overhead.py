@@ -100,8 +100,6 @@ async def _bench(
     async with open_runtime(store=store_url, hooks=hooks) as runtime:
         await runtime.runner.run(spec, {}, source_dir=SOURCE)  # warm-up: imports, caches, tables
         gc_line = apply_gc(args)
-        for _ in range(runs):
-            await one_run(runtime, spec, steps, samples)
         if args.interleave:
             from _rounds import rounds
 
@@ -110,6 +108,8 @@ async def _bench(
             )
             print(f"{gc_line}; {memory_label()}")
             return
+        for _ in range(runs):
+            await one_run(runtime, spec, steps, samples)
         raw = await _raw_round_trip(store_url)
     tracing = hooks is not NO_HOOKS and hooks is not None
     report(runtime.store.url, tracing, runs, steps, samples, raw)

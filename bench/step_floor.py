@@ -21,19 +21,19 @@ in-memory run state); ``runner`` is ``Runner.run`` itself (the budget loop, the 
 executor, the hooks). What a line adds over the one above it is what that layer costs.
 
 For each level N it runs ``--rounds`` interleaved rounds of N runs at once of each line
-(``open_runtime`` on the same private redis-server, the same chain of no-op tool steps),
-and prints, as medians over the rounds: durable steps/s, the step p50 (step start to the next
-step's start), and the process's CPU per step (``time.process_time``: Python and the kernel's
-work for its sockets). Last, the ratios the issue's goals are about, for both: N vs the first
-level, and the step p50 at the first level against a raw EVALSHA round trip (redis-py, measured
-in every round).
-"""
+(``open_runtime`` on the same private redis-server, the same chain of no-op tool steps), and
+prints, as medians over the rounds: durable steps/s (over each batch's wall time, its runs'
+creation included on every line), the step p50 (step start to the next step's start), and the
+process's CPU per step (``time.process_time``: Python and the kernel's work for its sockets). Last,
+the ratios the issue's goals are about, for each line: N vs the first level, and the step p50 at
+the first level against a raw EVALSHA round trip (redis-py, measured in every round)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
+import functools
 import itertools
 import json
 import statistics
@@ -244,13 +244,14 @@ async def _runner_starts(runtime: Any, results: list[Any]) -> list[list[float]]:
     return out
 
 
-async def _timed(batch: Any, runtime: Any) -> tuple[float, float, list[float]]:
-    """(steps/s, CPU us per step, step-to-step gaps in ms) of one batch."""
+async def _timed(batch: Any, read_back: Any = None) -> tuple[float, float, list[float]]:
+    """(steps/s, CPU us per step, step-to-step gaps in ms) of one batch (its runs' creation
+    included, on every line). ``read_back`` turns what the batch returned into its runs' step
+    start times, after the clocks stopped (the runner's: read from the store)."""
     wall, cpu = time.perf_counter(), time.process_time()
-    starts = await batch
+    result = await batch
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    if starts and not isinstance(starts[0], list):  # the runner's results
-        starts = await _runner_starts(runtime, starts)
+    starts = result if read_back is None else await read_back(result)
     count = sum(len(s) for s in starts)
     gaps = [(b - a) * 1e3 for s in starts for a, b in itertools.pairwise(s)]
     return count / wall, cpu / count * 1e6, gaps
@@ -284,13 +285,14 @@ async def _main(url: str, levels: list[int], steps: int, rounds: int) -> None:
         for _ in range(rounds):
             for level in levels:
                 raw = await _raw_p50(client, sha)
-                for name, batch in (
-                    ("floor", _floor_batch(pipe, runtime, spec, template, level, steps, n)),
-                    ("store", _ladder_batch("store", runtime, level, steps, n)),
-                    ("journal", _ladder_batch("journal", runtime, level, steps, n)),
-                    ("runner", _runner_batch(runtime, spec, level)),
+                runner_starts = functools.partial(_runner_starts, runtime)
+                for name, batch, read_back in (
+                    ("floor", _floor_batch(pipe, runtime, spec, template, level, steps, n), None),
+                    ("store", _ladder_batch("store", runtime, level, steps, n), None),
+                    ("journal", _ladder_batch("journal", runtime, level, steps, n), None),
+                    ("runner", _runner_batch(runtime, spec, level), runner_starts),
                 ):
-                    rate, cpu, gaps = await _timed(batch, runtime)
+                    rate, cpu, gaps = await _timed(batch, read_back)
                     rows.setdefault((name, level), []).append((rate, cpu, pct(gaps, 0.5), raw))
     pipe.task.cancel()
     writer.close()
