@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SOURCE", "Samples", "chain", "one_run", "pct", "report"]
+__all__ = ["SOURCE", "Samples", "chain", "levels", "one_run", "pct", "report"]
 
 SOURCE = Path(__file__).resolve().parent
 """Where the chain's tool file (``_noop_tools.py``) lives."""
@@ -29,6 +29,11 @@ def chain(steps: int) -> dict[str, Any]:
         "budget": "10m",
         "steps": [{"id": f"s{i}", "tool": "_noop_tools.py:noop"} for i in range(steps)],
     }
+
+
+def levels(text: str) -> list[int]:
+    """Runs at once from a ``--concurrency``/``--levels`` value such as ``1,8,64``."""
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def pct(values: list[float], q: float) -> float:

@@ -46,7 +46,7 @@ import itertools
 
 from _gc_flag import add_gc_flag, apply_gc, memory_label
 from _redis import add_persistence_flag
-from _step_samples import SOURCE, Samples, chain, one_run, pct, report
+from _step_samples import SOURCE, Samples, chain, levels, one_run, pct, report
 
 from chainrt._hooks import NO_HOOKS, Hooks
 from chainrt._runtime import open_runtime
@@ -161,10 +161,6 @@ async def _concurrent(
     print(f"{gc_line}; {memory_label()}")
 
 
-def _levels(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -177,7 +173,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=_levels,
+        type=levels,
         help="runs at once in one process, e.g. 1,8,64 (steps/s and per-step p50/p99 for each); "
         "with --store redis-cluster, runs at once per runner process (its last value, default 8)",
     )

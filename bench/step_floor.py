@@ -42,7 +42,7 @@ from typing import Any
 
 from _noop_tools import noop
 from _redis import add_persistence_flag, persistence_label, private_server
-from _step_samples import SOURCE, chain, pct
+from _step_samples import SOURCE, chain, levels, pct
 
 from chainrt._gc import tune_gc_for_runner
 from chainrt._run._journal import Clock, RunJournal
@@ -93,9 +93,11 @@ class _Pipe:
             line = await reader.readuntil(b"\r\n")
             if line == b"*1\r\n":  # the commit script's {0}: written
                 line = await reader.readuntil(b"\r\n")
-            if line != b":0\r\n":
-                raise RuntimeError(f"commit refused: {line!r}")
-            self.waiting.popleft().set_result(None)
+            future = self.waiting.popleft()
+            if line == b":0\r\n":
+                future.set_result(None)
+            else:  # (a refusal's array is not read to its end: the bench stops at the first)
+                future.set_exception(RuntimeError(f"commit refused: {line!r}"))
 
 
 async def _floor_run(
@@ -141,34 +143,32 @@ async def _floor_run(
         starts.append(started)
 
 
+async def _new_runs(store: Any, kind: str, level: int, n: itertools.count[int]) -> list[RunRecord]:
+    """``level`` fresh runs in ``store`` (token 1) for one batch of the ``kind`` line."""
+    records = []
+    for _ in range(level):
+        record = RunRecord(run_id=f"{kind}-{next(n)}", chain=kind, spec={}, input={},
+                           budget_total_ms=600_000.0, fencing_token=1)  # fmt: skip
+        await store.create_run(record)
+        records.append(record)
+    return records
+
+
 async def _floor_batch(
     pipe: _Pipe,
     runtime: Any,
-    spec: Any,
     template: dict[str, Any],
     level: int,
     steps: int,
     n: itertools.count[int],
 ) -> list[list[float]]:
-    store = runtime.store
-    ids = [f"floor-{next(n)}" for _ in range(level)]
-    for run_id in ids:
-        await store.create_run(
-            RunRecord(
-                run_id=run_id,
-                chain="floor",
-                spec={},
-                input={},
-                budget_total_ms=600_000.0,
-                fencing_token=1,
-            )
-        )
-    starts: list[list[float]] = [[] for _ in ids]
+    records = await _new_runs(runtime.store, "floor", level, n)
+    starts: list[list[float]] = [[] for _ in records]
     keys = StoreKeys("chainrt")
     await asyncio.gather(
         *(
-            _floor_run(pipe, (keys.run(r), keys.steps(r)), template, steps, s)
-            for r, s in zip(ids, starts, strict=True)
+            _floor_run(pipe, (keys.run(r.run_id), keys.steps(r.run_id)), template, steps, s)
+            for r, s in zip(records, starts, strict=True)
         )
     )
     return starts
@@ -213,12 +213,7 @@ async def _ladder_batch(
     """``store``: the floor's steps with chainrt's records and ``RedisStore.commit``;
     ``journal``: the same through the run's ``RunJournal`` (progress, the commit's bound)."""
     store = runtime.store
-    records = []
-    for _ in range(level):
-        record = RunRecord(run_id=f"{kind}-{next(n)}", chain=kind, spec={}, input={},
-                           budget_total_ms=600_000.0, fencing_token=1)  # fmt: skip
-        await store.create_run(record)
-        records.append(record)
+    records = await _new_runs(store, kind, level, n)
     starts: list[list[float]] = [[] for _ in records]
     if kind == "store":
         runs = [_store_run(store, r.run_id, steps, s) for r, s in zip(records, starts, strict=True)]
@@ -279,7 +274,7 @@ async def _main(url: str, levels: list[int], steps: int, rounds: int) -> None:
     async with open_runtime(store=url) as runtime:
         warm = await runtime.runner.run(spec, {}, source_dir=SOURCE)  # imports, caches, scripts
         template = (await runtime.store.get_steps(warm.run_id))["s0"].model_dump(mode="json")
-        await _floor_batch(pipe, runtime, spec, template, 1, steps, n)
+        await _floor_batch(pipe, runtime, template, 1, steps, n)
         tune_gc_for_runner()
         rows: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
         for _ in range(rounds):
@@ -287,7 +282,7 @@ async def _main(url: str, levels: list[int], steps: int, rounds: int) -> None:
                 raw = await _raw_p50(client, sha)
                 runner_starts = functools.partial(_runner_starts, runtime)
                 for name, batch, read_back in (
-                    ("floor", _floor_batch(pipe, runtime, spec, template, level, steps, n), None),
+                    ("floor", _floor_batch(pipe, runtime, template, level, steps, n), None),
                     ("store", _ladder_batch("store", runtime, level, steps, n), None),
                     ("journal", _ladder_batch("journal", runtime, level, steps, n), None),
                     ("runner", _runner_batch(runtime, spec, level), runner_starts),
@@ -328,10 +323,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     add_persistence_flag(parser)
     args = parser.parse_args()
-    levels = [int(part) for part in args.levels.split(",") if part.strip()]
     print(f"private redis-server, {persistence_label(args)}")
     with private_server(args) as server:
-        asyncio.run(_main(server.url, levels, args.steps, args.rounds))
+        asyncio.run(_main(server.url, levels(args.levels), args.steps, args.rounds))
 
 
 if __name__ == "__main__":
