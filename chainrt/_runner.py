@@ -371,10 +371,13 @@ class Runner:
     ) -> StepRecord:
         """One step inside its interceptors."""
         step = start.step
-        progress.step_started(step, start.allotted_ms, step.llm.model if step.llm else None)
-        token = STEP_PROGRESS.set(progress)  # the step's executor reports attempts and tokens
-        try:
+        if step.llm is None:  # only an LLM step's executor reports attempts and tokens
+            progress.step_started(step, start.allotted_ms, None)
             return await run_step(start, scope, self.limiter, self._executor(step), source_dir)
+        progress.step_started(step, start.allotted_ms, step.llm.model)
+        token = STEP_PROGRESS.set(progress)
+        try:
+            return await run_step(start, scope, self.limiter, self._llm, source_dir)
         finally:
             STEP_PROGRESS.reset(token)
 

@@ -117,12 +117,22 @@ async def run_step(
     started_at = time.time()
     t0 = time.perf_counter()
     deadline = started_at + allot_ms / 1000
-    model = step.llm.model if step.llm is not None else None
-    step_scope = {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
     waits: dict[str, float] = {}
     if not step.concurrency:  # no keys to take or give back: no limiter call at all
-        outcome = await _execute(executor, step, step_scope, run_id, deadline, source_dir)
+        try:
+            # A tool step without ``args`` renders nothing: no scope of its own (issue 18).
+            bare = step.tool is not None and not step.args
+            outcome = await executor.run(
+                step,
+                scope if bare else _step_scope(step, scope),
+                run_id=run_id,
+                deadline=deadline,
+                source_dir=source_dir,
+            )
+        except ChainRTError as exc:
+            outcome = StepOutcome("failed", error=exc.message)
     else:
+        step_scope = _step_scope(step, scope)
         try:
             holding = await acquire_keys(
                 limiter,
@@ -143,6 +153,12 @@ async def run_step(
                 await holding.release()
     elapsed_ms = (time.perf_counter() - t0) * 1000
     return step_record(step, outcome, allot_ms, started_at, elapsed_ms, waits)
+
+
+def _step_scope(step: StepSpec, scope: dict[str, Any]) -> dict[str, Any]:
+    """What the step's templates see: the run's scope and ``step`` (id, model, weight)."""
+    model = step.llm.model if step.llm is not None else None
+    return {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
 
 
 async def _execute(

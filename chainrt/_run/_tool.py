@@ -78,17 +78,6 @@ def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future
     return future
 
 
-def call_tool(fn: Callable[..., Any], kwargs: dict[str, Any], ctx: StepContext) -> Awaitable[Any]:
-    """Start one call of a tool: async tools on the loop, sync tools in a thread."""
-    wants_ctx, is_async = _shape(fn)
-    if wants_ctx:
-        kwargs = {**kwargs, "ctx": ctx}
-    if is_async:
-        coro: Awaitable[Any] = fn(**kwargs)
-        return coro
-    return _in_thread(fn, kwargs)
-
-
 _PLAIN = (str, int, bool, type(None))
 """Types that are always JSON (a str is escaped as needed, an int of any size is a number)."""
 
@@ -116,6 +105,26 @@ class _Failed(Exception):
 
 class _OutOfTime(Exception):
     """The step's deadline has passed: no retry can help."""
+
+
+def _limit(left_s: float, attempt_timeout_s: float | None) -> float:
+    """How long an attempt may take: what is left of the step, capped by ``attempt_timeout``."""
+    return left_s if attempt_timeout_s is None else min(left_s, attempt_timeout_s)
+
+
+def call_tool(
+    fn: Callable[..., Any], kwargs: dict[str, Any], run_id: str, step_id: str, number: int,
+    limit: float,
+) -> Awaitable[Any]:  # fmt: skip
+    """Start attempt ``number`` of a tool that may take ``limit`` seconds: async tools on the
+    loop, sync tools in a thread; its ``ctx`` (:class:`StepContext`) only if it takes one."""
+    wants_ctx, is_async = _shape(fn)
+    if wants_ctx:
+        kwargs = {**kwargs, "ctx": StepContext(run_id, step_id, number, time.time() + limit)}
+    if is_async:
+        coro: Awaitable[Any] = fn(**kwargs)
+        return coro
+    return _in_thread(fn, kwargs)
 
 
 class _Tries:
@@ -149,28 +158,33 @@ class _Tries:
         left = self.deadline - time.time()
         if left <= 0:
             raise _OutOfTime
-        limit = left if self.attempt_timeout_s is None else min(left, self.attempt_timeout_s)
+        limit = _limit(left, self.attempt_timeout_s)
         started = time.perf_counter()
-        ctx = StepContext(self.run_id, self.step_id, number, time.time() + limit)
         try:
-            value = await within(call_tool(self.fn, self.kwargs, ctx), limit)
+            value = await within(
+                call_tool(self.fn, self.kwargs, self.run_id, self.step_id, number, limit), limit
+            )
             _check_json(value, f"tool of step {self.step_id!r}")
-        except TimeoutError:
-            elapsed = (time.perf_counter() - started) * 1000
+        except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
+            raise self.failed(number, exc, started) from None
+        self._log(number, "ok", (time.perf_counter() - started) * 1000, None)
+        return StepOutcome("completed", output=value, attempts=number, attempt_log=self.log)
+
+    def failed(self, number: int, exc: Exception, started: float) -> _Failed | _OutOfTime:
+        """Log attempt ``number`` (begun at ``started``, perf_counter), which raised ``exc``;
+        return what to raise: ``_Failed`` (another attempt may help) or ``_OutOfTime``."""
+        elapsed = (time.perf_counter() - started) * 1000
+        if isinstance(exc, TimeoutError):
             self._log(number, "timeout", elapsed, None)
             self.last_error = f"timed out after {elapsed:.0f}ms"
             if self.deadline - time.time() <= 0:
-                raise _OutOfTime from None
-            raise _Failed("timeout") from None  # the attempt timeout hit, not the deadline
-        except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
-            elapsed = (time.perf_counter() - started) * 1000
-            self.last_error = (
-                exc.message if isinstance(exc, ChainRTError) else f"{type(exc).__name__}: {exc}"
-            )
-            self._log(number, "error", elapsed, self.last_error)
-            raise _Failed("error") from None
-        self._log(number, "ok", (time.perf_counter() - started) * 1000, None)
-        return StepOutcome("completed", output=value, attempts=number, attempt_log=self.log)
+                return _OutOfTime()
+            return _Failed("timeout")  # the attempt timeout hit, not the deadline
+        self.last_error = (
+            exc.message if isinstance(exc, ChainRTError) else f"{type(exc).__name__}: {exc}"
+        )
+        self._log(number, "error", elapsed, self.last_error)
+        return _Failed("error")
 
     def gave_up(self) -> StepOutcome:
         """The outcome once no further attempt will be made."""
@@ -229,6 +243,24 @@ async def run_tool(
     attempt_timeout_ms: float | None,
 ) -> StepOutcome:
     """Call a tool with retries, all inside ``deadline`` (unix seconds)."""
+    # The first attempt runs on its own: tenacity's machinery costs tens of µs per call, more
+    # than a whole no-op tool step, and most first attempts succeed; so does the retry state
+    # (issue 18), made only when the first attempt fails. A first failure is replayed as
+    # tenacity's first attempt, so that every wait and every stop is tenacity's.
+    first: Exception | None = None
+    left = deadline - time.time()
+    if left > 0:
+        limit = _limit(left, None if attempt_timeout_ms is None else attempt_timeout_ms / 1000)
+        started = time.perf_counter()
+        try:
+            value = await within(call_tool(fn, kwargs, run_id, step_id, 1, limit), limit)
+            _check_json(value, f"tool of step {step_id!r}")
+        except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
+            first = exc
+        else:
+            elapsed = round((time.perf_counter() - started) * 1000, 3)
+            log = [attempt_record(1, "ok", elapsed)]
+            return StepOutcome("completed", output=value, attempts=1, attempt_log=log)
     tries = _Tries(
         fn,
         kwargs,
@@ -240,15 +272,11 @@ async def run_tool(
         max_backoff_ms=max_backoff_ms,
         attempt_timeout_ms=attempt_timeout_ms,
     )
-    # The first attempt runs on its own: tenacity's machinery costs tens of µs per call, more
-    # than a whole no-op tool step, and most first attempts succeed. A first failure is replayed
-    # as tenacity's first attempt, so that every wait and every stop is tenacity's.
-    try:
-        return await tries.attempt()
-    except _OutOfTime:
+    if first is None:  # no time left for a first attempt
         return tries.gave_up()
-    except _Failed as failure:
-        replay: _Failed | None = failure
+    replay = tries.failed(1, first, started)
+    if isinstance(replay, _OutOfTime):
+        return tries.gave_up()
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(_Failed),
         wait=tries.wait,
@@ -256,12 +284,13 @@ async def run_tool(
         sleep=asyncio.sleep,
         reraise=True,
     )
+    pending: _Failed | None = replay
     try:
         async for attempt in retrying:
             with attempt:
-                if replay is not None:
-                    first, replay = replay, None
-                    raise first
+                if pending is not None:
+                    failure, pending = pending, None
+                    raise failure
                 return await tries.attempt()
     except (_Failed, _OutOfTime):
         return tries.gave_up()
@@ -273,11 +302,11 @@ class ToolExecutor:
 
     def __init__(self, allowed_modules: tuple[str, ...] = ()) -> None:
         self.allowed_modules = allowed_modules
-        self._tools: dict[tuple[str, str], Callable[..., Any]] = {}
+        self._tools: dict[tuple[str, Path], Callable[..., Any]] = {}
 
     def resolve(self, ref: str, chain_dir: Path) -> Callable[..., Any]:
         """The callable ``ref`` names, relative to ``chain_dir`` or an allow-listed module."""
-        key = (ref, str(chain_dir))
+        key = (ref, chain_dir)
         fn = self._tools.get(key)
         if fn is None:
             fn = resolve_callable(ref, chain_dir=chain_dir, allowed_modules=self.allowed_modules)
@@ -298,7 +327,7 @@ class ToolExecutor:
         fn = self.resolve(step.tool, source_dir or Path.cwd())
         return await run_tool(
             fn,
-            render_value(step.args, scope),
+            render_value(step.args, scope) if step.args else {},
             run_id=run_id,
             step_id=step.id,
             deadline=deadline,

@@ -78,6 +78,11 @@ class StoreKeys:
         """The hash of a run's step records, step_id -> JSON."""
         return f"{self.prefix}:{{{check_run_id(run_id)}}}:steps"
 
+    def run_and_steps(self, run_id: str) -> tuple[str, str]:
+        """``(run(run_id), steps(run_id))``, the id checked once: the keys of every commit."""
+        tag = f"{self.prefix}:{{{check_run_id(run_id)}}}:"
+        return tag + "run", tag + "steps"
+
     @property
     def index(self) -> str:
         """The sorted set of all run ids, scored by ``created_at`` (newest = highest)."""

@@ -236,7 +236,7 @@ class RedisStore(ClusterIndex, CheckpointStore):
         self, run_id: str, token: int, progress: RunProgress, step: StepRecord | None = None
     ) -> None:
         """Write ``step`` (if any) and ``progress`` atomically, in one round trip."""
-        check_run_id(run_id)
+        keys: tuple[str, ...] = self.keys.run_and_steps(run_id)  # checks the id first
         limit = self.max_record_bytes
         progress_data = encode(progress, limit=limit, what=f"progress of run {run_id!r}")
         step_data = b""
@@ -256,7 +256,6 @@ class RedisStore(ClusterIndex, CheckpointStore):
             step_data,
             self._ttl_ms if progress.status in FINAL_STATUSES else "0",
         ]
-        keys: tuple[str, ...] = (self.keys.run(run_id), self.keys.steps(run_id))
         if self._first_commit and run_id in self._first_commit:
             # Taken out before the commit is acknowledged: one that fails leaves the run in
             # its slot's `unindexed` set, which the repair empties (the index has the run).
