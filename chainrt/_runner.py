@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _budget as budget
+from ._bounded import TaskHost
 from ._errors import (
     BudgetError,
     ChainRTError,
@@ -39,6 +40,7 @@ from ._lease import Heartbeat, claim, new_lease, this_host, wait_for_owner
 from ._progress import NO_PROGRESS, STEP_PROGRESS, Progress
 from ._result import RunResult
 from ._run import (
+    TOOL_HOST,
     Clock,
     KindExecutor,
     LlmExecutor,
@@ -277,6 +279,8 @@ class Runner:
             on_fenced=lambda: _cancel(task),
         )
         heartbeat.start()
+        host = TaskHost()
+        hosting = TOOL_HOST.set(host)
         final = False
         release = True
         try:
@@ -299,6 +303,8 @@ class Runner:
                 ) from None
             raise
         finally:
+            TOOL_HOST.reset(hosting)
+            host.close()
             await heartbeat.stop()
             if not final and release:
                 # Cancelled or crashed inside the loop: give the lease back so that a

@@ -30,10 +30,11 @@ from ._step import (
     skipped_record,
     step_record,
 )
-from ._tool import ToolExecutor, call_tool, run_tool
+from ._tool import TOOL_HOST, ToolExecutor, call_tool, run_tool
 
 __all__ = [
     "COMMIT_GRACE_S",
+    "TOOL_HOST",
     "Clock",
     "KindExecutor",
     "LlmExecutor",

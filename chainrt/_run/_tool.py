@@ -20,12 +20,13 @@ import json
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from .._bounded import within
+from .._bounded import TaskHost, within
 from .._context import StepContext
 from .._errors import ChainRTError
 from ..dispatch._policy import MIN_ATTEMPT_S, Failure, MoveOn, Retry, decide_retry
@@ -34,7 +35,11 @@ from ..store._built import attempt_record
 from ..store._records import AttemptRecord
 from ._step import StepOutcome
 
-__all__ = ["ToolExecutor", "call_tool", "run_tool"]
+__all__ = ["TOOL_HOST", "ToolExecutor", "call_tool", "run_tool"]
+
+TOOL_HOST: ContextVar[TaskHost | None] = ContextVar("chainrt_tool_host", default=None)
+"""The task that hosts the tool calls of the run executing in this task (set by the runner for
+each execution: one task for a run's tool calls instead of one per call, :class:`TaskHost`)."""
 
 _SHAPE_CACHE: dict[Callable[..., Any], tuple[bool, bool]] = {}
 
@@ -162,7 +167,9 @@ class _Tries:
         started = time.perf_counter()
         try:
             value = await within(
-                call_tool(self.fn, self.kwargs, self.run_id, self.step_id, number, limit), limit
+                call_tool(self.fn, self.kwargs, self.run_id, self.step_id, number, limit),
+                limit,
+                host=TOOL_HOST.get(),
             )
             _check_json(value, f"tool of step {self.step_id!r}")
         except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
@@ -253,7 +260,8 @@ async def run_tool(
         limit = _limit(left, None if attempt_timeout_ms is None else attempt_timeout_ms / 1000)
         started = time.perf_counter()
         try:
-            value = await within(call_tool(fn, kwargs, run_id, step_id, 1, limit), limit)
+            work = call_tool(fn, kwargs, run_id, step_id, 1, limit)
+            value = await within(work, limit, host=TOOL_HOST.get())
             _check_json(value, f"tool of step {step_id!r}")
         except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
             first = exc
