@@ -42,7 +42,7 @@ from ._codec import (
     not_found,
 )
 from ._commit_wire import commit_wire
-from ._group import InFlightGroup, Outcomes
+from ._group import COMMIT_EXTRA, COMMIT_SPLIT, InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
 from ._lean import pack, pack_args
@@ -123,7 +123,9 @@ class RedisStore(ClusterIndex, CheckpointStore):
         self._redis = self._new_client()  # no I/O yet; parses (and so checks) the URL now
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._commits: InFlightGroup[_Commit] = InFlightGroup(self._send_commits)
+        self._commits: InFlightGroup[_Commit] = InFlightGroup(
+            self._send_commits, split=COMMIT_SPLIT, extra=COMMIT_EXTRA
+        )
         # On a cluster: one group commit per master, by node name ("" while none is known).
         self._per_master: dict[str, InFlightGroup[_Commit]] = {}
         # On a cluster: runs created here with an owner (this process runs them) whose first
