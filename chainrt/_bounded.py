@@ -59,7 +59,7 @@ async def within(
                 return cast(T, finished.value)
     else:
         task = asyncio.ensure_future(work)
-    cancel = hosted.task.cancel if hosted is not None else task.cancel
+    cancel = hosted.cancel if hosted is not None else task.cancel
     try:
         done, _ = await asyncio.wait((task,), timeout=max(timeout_s, 0.0))
     except asyncio.CancelledError:
@@ -227,23 +227,24 @@ class _Hosted(Coroutine[Any, Any, None]):
         self.idle: asyncio.Future[None] | None = None
         self.closing = False
         self.ended = False
-        self.task = loop.create_task(self, name="chainrt-tool-host")
+        self.task: asyncio.Task[None] | None = loop.create_task(self, name="chainrt-tool-host")
 
     def start(self, coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Future[Any] | None, Any]:
         """Run the first stretch of ``coro`` as this task: ``(None, value)`` when it finished,
         ``(done, None)`` when it waits (``done`` settles as the work ends); its error is raised."""
-        loop = self.loop
+        loop, task = self.loop, self.task
+        assert task is not None  # (a host's task is dropped only once it has ended)
         outer = asyncio.current_task(loop)
         context = contextvars.copy_context()
         if outer is not None:
             asyncio.tasks._leave_task(loop, outer)
-        asyncio.tasks._enter_task(loop, self.task)
+        asyncio.tasks._enter_task(loop, task)
         try:
             first = context.run(coro.send, None)
         except StopIteration as stop:
             return None, stop.value
         finally:
-            asyncio.tasks._leave_task(loop, self.task)
+            asyncio.tasks._leave_task(loop, task)
             if outer is not None:
                 asyncio.tasks._enter_task(loop, outer)
         self.work, self.context, self.first = coro, context, first
@@ -251,6 +252,11 @@ class _Hosted(Coroutine[Any, Any, None]):
         if self.idle is not None and not self.idle.done():
             self.idle.set_result(None)  # the task's next step hands it what the work waits on
         return done, None
+
+    def cancel(self) -> None:
+        """Cancel the work running in this task (its cancellation ends with it)."""
+        if self.task is not None:
+            self.task.cancel()
 
     def shut(self) -> None:
         """End the task once its work (if any) is done."""
@@ -280,7 +286,7 @@ class _Hosted(Coroutine[Any, Any, None]):
         exc = typ if val is None else val
         work = self.work
         if work is None:  # cancelled while waiting for work (the loop is ending): stop here
-            self.ended = True
+            self._drop()
             raise exc
         self.first = _NOTHING  # thrown in before the hand-over: it lands where the work waits
         assert self.context is not None
@@ -300,8 +306,8 @@ class _Hosted(Coroutine[Any, Any, None]):
         done = self.done
         self.work = self.context = self.done = None
         task = self.task
-        while task.cancelling():  # the cancellations were the work's; the next work starts clean
-            task.uncancel()
+        while task is not None and task.cancelling():
+            task.uncancel()  # the cancellations were the work's; the next work starts clean
         assert done is not None
         if done.done():
             return
@@ -314,11 +320,16 @@ class _Hosted(Coroutine[Any, Any, None]):
 
     def _wait(self) -> Any:
         if self.closing:
-            self.ended = True
+            self._drop()
             raise StopIteration
         idle = self.idle = self.loop.create_future()
         idle._asyncio_future_blocking = True  # what ``await idle`` would set before yielding it
         return idle
+
+    def _drop(self) -> None:
+        """The task ends: let go of it (it holds this coroutine; no cycle is left to collect)."""
+        self.ended = True
+        self.task = None
 
     def __await__(self) -> Generator[Any, None, Any]:
         raise TypeError("_Hosted is driven by its task, never awaited")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,30 @@ async def test_a_runs_tool_calls_share_one_task_which_ends_with_the_run(tmp_path
     assert a[0] != id(_me())
     await asyncio.sleep(0)  # closed with the run: its task ends at the loop's next turn
     assert _hosts() == []
+
+
+async def test_a_closed_host_leaves_nothing_for_the_cycle_collector() -> None:
+    """A runner process leaves no cyclic garbage per step or run (docs/performance.md, round
+    8): the host's task, its coroutine and its context are freed by reference counting."""
+
+    async def quick() -> int:
+        return 1
+
+    async def used_and_closed() -> None:
+        host = TaskHost()
+        assert await within(quick(), 1.0, host=host) == 1
+        host.close()
+        for _ in range(3):
+            await asyncio.sleep(0)  # its task ends
+
+    await used_and_closed()  # first use: caches, interned names
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        await used_and_closed()
+        found = gc.collect()
+        leftovers = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert found == 0, leftovers
