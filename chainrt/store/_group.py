@@ -128,7 +128,7 @@ class InFlightGroup(Generic[T]):
             ):
                 # A full batch while the store is busy: out now, in a round trip of its own,
                 # so that the store works on it while the runs behind it still compute.
-                task, _ = start_eagerly(self._send_extra(state.take()))
+                task, _ = start_eagerly(self._send_batch(state.take()))
                 state.extra.add(task)
                 task.add_done_callback(state.extra.discard)
             await future
@@ -148,7 +148,8 @@ class InFlightGroup(Generic[T]):
         else:
             state.busy = False
 
-    async def _send_extra(self, batch: list[tuple[T, asyncio.Future[None]]]) -> None:
+    async def _send_batch(self, batch: list[tuple[T, asyncio.Future[None]]]) -> None:
+        """Send ``batch`` in one round trip and settle each of its commits."""
         try:
             outcomes = await self._send([item for item, _ in batch])
         except asyncio.CancelledError:
@@ -162,16 +163,7 @@ class InFlightGroup(Generic[T]):
     async def _drain(self, state: _State[T]) -> None:
         try:
             while state.waiting:
-                batch = state.take()
-                try:
-                    outcomes = await self._send([item for item, _ in batch])
-                except asyncio.CancelledError:
-                    for _, future in batch:
-                        future.cancel()
-                    raise
-                except Exception as exc:  # the whole batch failed: each caller gets the error
-                    outcomes = _all_failed(batch, exc)
-                _settle(batch, outcomes)
+                await self._send_batch(state.take())
                 # The runs just woken run in the next loop turn, each up to its next commit:
                 # yield to them (still busy) so that those commits queue and go as one batch.
                 # Going idle here sent the first of them alone and the rest in a second round
