@@ -58,6 +58,8 @@ class ClusterIndex(RedisConnection):
     """The cluster side of the run index, for ``RedisStore`` (see the module)."""
 
     keys: StoreKeys
+    _creating: set[str]
+    """Runs this store is creating right now: their index entry may be there before their run."""
 
     async def _index_add(self, run_id: str, created_at: float) -> None:
         """The run's index entry (``ZADD NX``: a creation sent again keeps the first score)."""
@@ -81,12 +83,20 @@ class ClusterIndex(RedisConnection):
 
     async def _stale_for_good(self, ids: list[bytes]) -> list[bytes]:
         """Of index entries whose run was just found missing, those that may go: over
-        ``INDEX_GRACE_S`` old and not in their slot's ``unindexed`` set. A run in that set is
-        being created (its index entry got there first) or was cut short (the repair keeps it)."""
+        ``INDEX_GRACE_S`` old, not being created by this store, and not in their slot's
+        ``unindexed`` set. A run in that set is being created (its index entry got there first)
+        or was cut short (the repair keeps it). The age is the run's ``created_at``, which a
+        caller may set in the past (an import, a test): a run this store is creating right now
+        may have an old entry and no run yet, and not be in its set yet either."""
         index = self.keys.index
         scores = await self._call(lambda: self._client.zmscore(index, ids), key=index)
         old = time.time() - INDEX_GRACE_S
-        aged = [rid for rid, score in zip(ids, scores, strict=True) if score is None or score < old]
+        creating = self._creating
+        aged = [
+            rid
+            for rid, score in zip(ids, scores, strict=True)
+            if (score is None or score < old) and rid.decode(errors="replace") not in creating
+        ]
 
         async def members() -> list[Any]:
             async with self._client.pipeline(transaction=False) as pipe:

@@ -132,6 +132,7 @@ class RedisStore(ClusterIndex, CheckpointStore):
         # commit has not gone yet (it takes them out of their slot's `unindexed` set, see
         # _cluster_index); insertion-ordered, at most FIRST_COMMIT_MAX (the oldest go first).
         self._first_commit: dict[str, None] = {}
+        self._creating: set[str] = set()
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -179,16 +180,20 @@ class RedisStore(ClusterIndex, CheckpointStore):
         for a runner elsewhere: ``chainrt serve``), an ``SREM`` right away."""
         run_id = run.run_id
         unindexed = self.keys.unindexed(key_slot(keys[0].encode()))
-        indexing = asyncio.ensure_future(self._index_add(run_id, run.created_at))
+        self._creating.add(run_id)  # a sweep meanwhile must not take its entry for a stale one
         try:
-            reply = await self._script_fast("create_run", [keys[0], keys[1], unindexed], args)
-        except BaseException:
-            # The run may exist (a lost reply): then its slot's set has it, for the repair.
-            indexing.cancel()
-            with contextlib.suppress(BaseException):
-                await indexing
-            raise
-        await indexing
+            indexing = asyncio.ensure_future(self._index_add(run_id, run.created_at))
+            try:
+                reply = await self._script_fast("create_run", [keys[0], keys[1], unindexed], args)
+            except BaseException:
+                # The run may exist (a lost reply): then its slot's set has it, for the repair.
+                indexing.cancel()
+                with contextlib.suppress(BaseException):
+                    await indexing
+                raise
+            await indexing
+        finally:
+            self._creating.discard(run_id)
         if reply[0] == 0:
             if run.owner is not None:  # its first commit, here, empties the set
                 first = self._first_commit
