@@ -119,18 +119,10 @@ async def run_step(
     deadline = started_at + allot_ms / 1000
     waits: dict[str, float] = {}
     if not step.concurrency:  # no keys to take or give back: no limiter call at all
-        try:
-            # A tool step without ``args`` renders nothing: no scope of its own (issue 18).
-            bare = step.tool is not None and not step.args
-            outcome = await executor.run(
-                step,
-                scope if bare else _step_scope(step, scope),
-                run_id=run_id,
-                deadline=deadline,
-                source_dir=source_dir,
-            )
-        except ChainRTError as exc:
-            outcome = StepOutcome("failed", error=exc.message)
+        # A tool step without ``args`` renders nothing: no scope of its own (issue 18).
+        bare = step.tool is not None and not step.args
+        step_scope = scope if bare else _step_scope(step, scope)
+        outcome = await _execute(executor, step, step_scope, run_id, deadline, source_dir)
     else:
         step_scope = _step_scope(step, scope)
         try:
