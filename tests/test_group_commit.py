@@ -14,7 +14,6 @@ import redis.asyncio as aioredis
 
 from chainrt._errors import FencedOut
 from chainrt.store import CheckpointStore, RedisStore, RunProgress, SQLiteStore
-from chainrt.store._group import COMMIT_EXTRA, COMMIT_SPLIT
 from chainrt.testing.store_conformance import make_run, make_step
 
 RUNS = 64
@@ -120,10 +119,9 @@ async def test_sqlite_lone_commit_is_written_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-async def test_redis_concurrent_commits_share_round_trips(redis_url: str) -> None:
-    """64 runs committing at once: without grouping each would hold a connection of its own
-    for its round trip; grouped, the batches go on the group's own connection and at most
-    COMMIT_EXTRA more (full batches sent while it is busy), with one spare for the turnover."""
+async def test_redis_concurrent_commits_share_one_connection(redis_url: str) -> None:
+    """64 runs committing at once: without the pipe each would hold a connection of its own for
+    its round trip; on it, every commit goes on one connection."""
     store = RedisStore(redis_url)
     ids = await _create(store, RUNS)
     probe = aioredis.Redis.from_url(redis_url)
@@ -131,66 +129,48 @@ async def test_redis_concurrent_commits_share_round_trips(redis_url: str) -> Non
     await asyncio.gather(*(_drive(store, run_id) for run_id in ids))
     opened = int((await probe.info("clients"))["connected_clients"]) - before
     await probe.aclose()
-    assert opened <= 2 + COMMIT_EXTRA, opened
+    assert opened == 1, opened
     for run_id in ids:
         assert len(await store.get_steps(run_id)) == STEPS
     await store.close()
 
 
-@pytest.mark.redis
-async def test_redis_runs_woken_by_a_batch_commit_again_in_one_batch(redis_url: str) -> None:
-    """The runs a batch's replies wake commit their next steps in the same loop turn: those
-    commits go out together, not the first alone and the rest in a second round trip."""
-    store = RedisStore(redis_url)
-    ids = await _create(store, RUNS)
-    sizes: list[int] = []
-    group = store._commits
-    send = group._send
+class _CountedWrites:
+    """A pipe's writer that records, for each write, how many commits it carries and how many
+    were already in flight (written, their replies not read yet) when it went out."""
 
-    async def counted(items: list[Any]) -> list[BaseException | None]:
-        sizes.append(len(items))
-        return await send(items)
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+        self._writer = pipe._writer
+        self.writes: list[tuple[int, int]] = []
 
-    group._send = counted
-    await asyncio.gather(*(_drive(store, run_id) for run_id in ids))
-    # The first commit finds the store idle and goes alone, the other 63 queue behind it; from
-    # then on each round of RUNS commits goes in batches: full ones of COMMIT_SPLIT sent while
-    # the store is busy, and what is left in one more (one commit at a time, the first alone and
-    # the rest behind it, before).
-    assert sum(sizes) == RUNS * STEPS
-    assert len(sizes) <= STEPS * (RUNS // COMMIT_SPLIT + 2), sizes
-    in_full_batches = sum(n for n in sizes if n >= COMMIT_SPLIT)
-    assert in_full_batches >= RUNS * STEPS // 2, sizes
-    await store.close()
+    def write(self, data: bytes) -> None:
+        carried = data.count(b"$7\r\nEVALSHA\r\n")
+        self.writes.append((carried, len(self._pipe._waiting) - carried))
+        self._writer.write(data)
 
 
 @pytest.mark.redis
-async def test_redis_full_batches_go_out_while_the_store_is_busy(redis_url: str) -> None:
-    """A batch that fills up behind a round trip on the wire goes out at once, in a round trip
-    of its own (the store works on it while the runs behind it compute); never more than
-    COMMIT_EXTRA of them at a time, and each run's steps still land in order."""
+async def test_redis_commits_of_one_loop_turn_go_in_one_write_without_waiting(
+    redis_url: str,
+) -> None:
+    """The runs that one read of replies wakes commit their next steps in the same loop turn:
+    those commits go out in one write, and they go while other commits are still in flight (a
+    commit never waits for another's round trip to end). Each run's steps land in order."""
     store = RedisStore(redis_url)
     ids = await _create(store, RUNS)
-    group = store._commits
-    send = group._send
-    on_wire = 0
-    most = 0
-    sizes: list[int] = []
-
-    async def counted(items: list[Any]) -> list[BaseException | None]:
-        nonlocal on_wire, most
-        on_wire += 1
-        most = max(most, on_wire)
-        sizes.append(len(items))
-        try:
-            return await send(items)
-        finally:
-            on_wire -= 1
-
-    group._send = counted
+    await store.commit(ids[0], 1, RunProgress(status="running", budget_used_ms=0.0))  # the pipe
+    pipe = store._fast._pipe
+    counted = _CountedWrites(pipe)
+    pipe._writer = counted  # type: ignore[union-attr]
     await asyncio.gather(*(_drive(store, run_id) for run_id in ids))
-    assert 2 <= most <= 1 + COMMIT_EXTRA, most
-    assert COMMIT_SPLIT in sizes, sizes
+    carried = [n for n, _ in counted.writes]
+    assert sum(carried) == RUNS * STEPS
+    # One write per commit without grouping; grouped, most commits share their write with
+    # others (how the replies arrive in reads decides the exact split).
+    in_shared_writes = sum(n for n in carried if n >= 8)
+    assert in_shared_writes >= RUNS * STEPS // 2, carried
+    assert any(in_flight > 0 for _, in_flight in counted.writes), counted.writes
     for run_id in ids:
         assert sorted(await store.get_steps(run_id)) == sorted(f"s{k}" for k in range(STEPS))
         assert (await store.get_run(run_id)).budget_used_ms == STEPS - 1

@@ -11,17 +11,11 @@ refused does not touch the others, and each waiter gets its own result. A run ha
 commit in flight (the next step starts after its commit returns), so batching never reorders one
 run's writes.
 
-While the store is busy, a batch that reaches :data:`COMMIT_SPLIT` commits need not wait: it goes
-out at once, in a round trip of its own on another connection (at most :data:`COMMIT_EXTRA` such
-round trips at a time). Without it the runs a batch's replies wake all computed their next steps
-while nothing was on the wire, and then all waited for the one round trip that carried them: at
-64 runs at once the process sat idle 14 % of the time (``bench/step_floor.py``, issue 18 round
-10). Split, the store works on one part of the runs' commits while the process computes the next.
-
-Two ways to be "busy": :class:`InFlightGroup` (Redis) is busy while a round trip is on the wire;
-:class:`IterationGroup` (SQLite, whose writes never leave the event loop) is busy for the rest of
-the loop iteration in which a commit was written, so that runs ready in the same iteration share
-the next transaction.
+Two ways to be "busy": :class:`InFlightGroup` (Redis Cluster, per master; Redis through the
+client) is busy while a round trip is on the wire; :class:`IterationGroup` (SQLite, whose writes
+never leave the event loop) is busy for the rest of the loop iteration in which a commit was
+written, so that runs ready in the same iteration share the next transaction. (On one Redis
+node the commits do not queue behind a round trip at all: they go on a pipe, :mod:`._pipe`.)
 """
 
 from __future__ import annotations
@@ -31,17 +25,9 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from .._bounded import start_eagerly
-
-__all__ = ["COMMIT_EXTRA", "COMMIT_SPLIT", "InFlightGroup", "IterationGroup", "Outcomes"]
+__all__ = ["InFlightGroup", "IterationGroup", "Outcomes"]
 
 T = TypeVar("T")
-
-COMMIT_SPLIT = 16
-"""Commits queued behind a busy store that go out at once, in a round trip of their own."""
-
-COMMIT_EXTRA = 3
-"""Such round trips on the wire at a time, beside the group's own (so at most 4 connections)."""
 
 Outcomes = list[BaseException | None]
 """One entry per commit of a batch, in order: None (written) or the error that commit raises."""
@@ -52,13 +38,12 @@ class _State(Generic[T]):
     awaits, and whether the store is busy. (A store may be used from several loops, e.g. by the
     sync API's own loops: each has its own state, and no loop waits on another.)"""
 
-    __slots__ = ("busy", "drainer", "extra", "waiting")
+    __slots__ = ("busy", "drainer", "waiting")
 
     def __init__(self) -> None:
         self.waiting: list[tuple[T, asyncio.Future[None]]] = []
         self.busy = False
         self.drainer: asyncio.Task[None] | None = None
-        self.extra: set[asyncio.Task[Any]] = set()
 
     def take(self) -> list[tuple[T, asyncio.Future[None]]]:
         batch, self.waiting = self.waiting, []
@@ -97,22 +82,12 @@ class InFlightGroup(Generic[T]):
 
     ``send(items)`` writes a batch in one round trip and returns one outcome per item; if it
     raises, every commit of the batch fails with that error (nothing of the batch is known to
-    be written, and each commit is safe to send again). ``split``: while the store is busy, a
-    batch of that many goes out at once (written in the turn of the loop that filled it, in a
-    task of its own), at most ``extra`` of them on the wire at a time; None: never.
+    be written, and each commit is safe to send again).
     """
 
-    def __init__(
-        self,
-        send: Callable[[list[T]], Awaitable[Outcomes]],
-        *,
-        split: int | None = None,
-        extra: int = 0,
-    ) -> None:
+    def __init__(self, send: Callable[[list[T]], Awaitable[Outcomes]]) -> None:
         self._send = send
         self._loops: _PerLoop[T] = _PerLoop()
-        self._split = split
-        self._extra = extra
 
     async def submit(self, item: T) -> None:
         """Write ``item``; return once it is written (or raise its error)."""
@@ -121,16 +96,6 @@ class InFlightGroup(Generic[T]):
         if state.busy:
             future: asyncio.Future[None] = loop.create_future()
             state.waiting.append((item, future))
-            if (
-                self._split is not None
-                and len(state.waiting) >= self._split
-                and len(state.extra) < self._extra
-            ):
-                # A full batch while the store is busy: out now, in a round trip of its own,
-                # so that the store works on it while the runs behind it still compute.
-                task, _ = start_eagerly(self._send_batch(state.take()))
-                state.extra.add(task)
-                task.add_done_callback(state.extra.discard)
             await future
             return
         state.busy = True

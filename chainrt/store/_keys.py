@@ -184,7 +184,7 @@ elseif cur[2] ~= 'running' then
   redis.call('PERSIST', KEYS[2])
 end
 if KEYS[3] then redis.call('SREM', KEYS[3], ARGV[12]) end
-return {{0}}
+return 0
 """
 
 # KEYS run, steps. ARGV expected_token, new_token, owner_host, owner_pid, owner_expires_at,

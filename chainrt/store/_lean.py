@@ -17,12 +17,15 @@ a reply meant for another. Nothing here retries: the callers do (their scripts a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ._pipe import Pipe
 from ._resp import read_reply, write
 from ._watchdog import Watchdog
 
@@ -90,6 +93,9 @@ class LeanRedis:
         self._watchdog = None if timeout_s is None else Watchdog(timeout_s)
         self._idle: list[Any] = []
         self._closed = False
+        self._timeout_s = timeout_s
+        self._pipe: Pipe | None = None
+        self._opening: asyncio.Future[Pipe] | None = None
 
     async def call(self, command: list[bytes], replies: int = 1) -> list[Any]:
         """Write ``command`` (commands packed by :func:`pack`, in order) and read ``replies``
@@ -112,9 +118,53 @@ class LeanRedis:
                 await conn.disconnect(nowait=True)
         return out
 
+    async def pipelined(self, command: bytes) -> Any:
+        """Send one packed ``command`` on this client's pipe (one connection shared by every
+        pipelined call, see :mod:`._pipe`) and return its reply; fails as :meth:`call` does (a
+        broken pipe is replaced by a new one at the next call)."""
+        pipe = self._pipe
+        if pipe is None or pipe.error is not None:
+            pipe = await self._open_pipe()
+        return await pipe.send(command)
+
+    async def _open_pipe(self) -> Pipe:
+        """The pipe, opened by the first caller to need it; the others wait for that one."""
+        if self._closed:
+            raise RuntimeError("LeanRedis is closed")
+        opening = self._opening
+        if opening is not None:
+            return await asyncio.shield(opening)
+        opening = self._opening = asyncio.get_running_loop().create_future()
+        conn = self._class(**self._kwargs)
+        try:
+            if self._watchdog is None:
+                await conn.connect()
+            else:
+                await self._watchdog.run(conn.connect())
+            if self._closed:
+                raise RuntimeError("LeanRedis is closed")
+            pipe = self._pipe = Pipe(conn, timeout_s=self._timeout_s)
+        except BaseException as exc:
+            # The others get the same error; this caller's own cancellation is not theirs:
+            # they get an error they can retry on.
+            shared = exc
+            if not isinstance(exc, Exception):
+                shared = RedisConnectionError("the connection's opener was cancelled")
+            opening.set_exception(shared)
+            opening.exception()  # (nobody else may be waiting)
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            self._opening = None
+        opening.set_result(pipe)
+        return pipe
+
     async def aclose(self) -> None:
-        """Close every idle connection; calls after this raise."""
+        """Close every idle connection and the pipe; calls after this raise."""
         self._closed = True
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            await pipe.aclose()
         if self._watchdog is not None:
             self._watchdog.stop()
         idle, self._idle = self._idle, []

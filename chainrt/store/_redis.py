@@ -42,7 +42,7 @@ from ._codec import (
     not_found,
 )
 from ._commit_wire import commit_wire
-from ._group import COMMIT_EXTRA, COMMIT_SPLIT, InFlightGroup, Outcomes
+from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
 from ._lean import pack, pack_args
@@ -123,9 +123,9 @@ class RedisStore(ClusterIndex, CheckpointStore):
         self._redis = self._new_client()  # no I/O yet; parses (and so checks) the URL now
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._commits: InFlightGroup[_Commit] = InFlightGroup(
-            self._send_commits, split=COMMIT_SPLIT, extra=COMMIT_EXTRA
-        )
+        # Before the first call has found out what the URL names, and with wait_replicas: each
+        # commit through the client (WAIT goes with each). On one node otherwise: the pipe.
+        self._commits: InFlightGroup[_Commit] = InFlightGroup(self._through_client)
         # On a cluster: one group commit per master, by node name ("" while none is known).
         self._per_master: dict[str, InFlightGroup[_Commit]] = {}
         # On a cluster: runs created here with an owner (this process runs them) whose first
@@ -269,6 +269,9 @@ class RedisStore(ClusterIndex, CheckpointStore):
             del self._first_commit[run_id]
             keys += (self.keys.unindexed(key_slot(keys[0].encode())),)
             args.append(run_id)
+        if self.cluster is False and not self.wait_replicas:
+            await self._pipe_commit(_Commit(run_id, token, keys, args))
+            return
         if self.cluster and not self.wait_replicas:
             # The run's slot, once per commit: the group and the connection are found by it.
             slot = key_slot(keys[0].encode())
@@ -281,44 +284,34 @@ class RedisStore(ClusterIndex, CheckpointStore):
             return
         await self._commits.submit(_Commit(run_id, token, keys, args))
 
-    async def _send_commits(self, commits: list[_Commit]) -> Outcomes:
-        """Group commit's sender: on one node, one commit or a whole batch as packed EVALSHAs
-        on a bare connection (one round trip; each script still fenced and atomic on its own).
-        With ``wait_replicas``, on a cluster (whose commits go per master, see
-        :meth:`_send_to_masters`, once the store knows it is one) or before the first call has
-        found out, each goes on its own through the client (WAIT goes with each)."""
-        if self.cluster is not False or self.wait_replicas:
-            if len(commits) == 1:
-                # Awaited here, not through gather: gather wraps it in a task, which costs
-                # two turns of the event loop on the step's critical path.
-                return [await self._commit_one(commits[0])]
-            return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
-        command = [c.packed() for c in commits]
+    async def _pipe_commit(self, commit: _Commit) -> None:
+        """On one node (without ``wait_replicas``): the commit as a packed EVALSHA on the pipe
+        (:mod:`._pipe`: written at once, or with the other commits of this loop turn in one
+        write; never behind another round trip). If that fails it goes again through
+        :meth:`_call`'s retries (the script is safe to send twice)."""
+        command = commit.packed()
+        try:
+            reply = await self._fast.pipelined(command)
+        except Exception:
+            reply = None
+        if reply is None or isinstance(reply, rx.NoScriptError):
 
-        async def send() -> list[Any]:
-            lean = self._fast
-            replies = await lean.call(command, len(commits))
-            if any(isinstance(r, rx.NoScriptError) for r in replies):
-                # The server lost its scripts (a restart): load, then send the batch again
-                # (the commits that did run find their own writes; each is safe to send twice).
-                (loaded,) = await lean.call([pack("SCRIPT", "LOAD", SCRIPTS["commit"].source)])
-                if isinstance(loaded, BaseException):
-                    raise loaded
-                replies = await lean.call(command, len(commits))
-            return replies
+            async def send() -> Any:
+                lean = self._fast
+                reply = await lean.pipelined(command)
+                if isinstance(reply, rx.NoScriptError):
+                    # The server lost its scripts (a restart): NOSCRIPT means the script did
+                    # not run; load it, then send the commit again.
+                    (loaded,) = await lean.call([pack("SCRIPT", "LOAD", SCRIPTS["commit"].source)])
+                    if isinstance(loaded, BaseException):
+                        raise loaded
+                    reply = await lean.pipelined(command)
+                return reply
 
-        replies = await self._call(send, key=commits[0].keys[0])
-        outcomes: Outcomes = []
-        for c, reply in zip(commits, replies, strict=True):
-            try:
-                if isinstance(reply, rx.ResponseError):
-                    raise self._refused(reply, c.keys[0])
-                self._check(reply, c.run_id, c.token, action="commit")
-            except CheckpointError as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-        return outcomes
+            reply = await self._call(send, key=commit.keys[0])
+        if isinstance(reply, rx.ResponseError):
+            raise self._refused(reply, commit.keys[0])
+        self._check(reply, commit.run_id, commit.token, action="commit")
 
     async def _send_to_masters(self, commits: list[_Commit]) -> Outcomes:
         """On a cluster: the commits grouped by the master of their run's slot (the cluster
@@ -482,7 +475,9 @@ class RedisStore(ClusterIndex, CheckpointStore):
             self._retire(self._loop)  # (a closed loop's were closed at its shutdown)
             self._redis = self._new_client()
 
-    def _check(self, reply: list[Any], run_id: str, token: int, *, action: str) -> None:
+    def _check(self, reply: Any, run_id: str, token: int, *, action: str) -> None:
+        if reply == 0:  # the commit script's "written"
+            return
         code = reply[0]
         if code == 0:
             return
