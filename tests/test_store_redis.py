@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chainrt._errors import CheckpointError, CorruptRecord, StoreUnavailable
 from chainrt.store import (
@@ -27,6 +28,7 @@ from chainrt.store import (
     open_store,
     redact_url,
 )
+from chainrt.store._lean import pack
 from chainrt.testing.redis_server import RedisServer, free_port
 from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
 
@@ -122,6 +124,33 @@ async def test_script_cache_flushed_is_reloaded(rstore: RedisStore, raw: aioredi
     await raw.script_flush()  # what a restart or failover does to the script cache
     await rstore.commit("run-1", 1, _RUNNING, make_step())
     assert set(await rstore.get_steps("run-1")) == {"intent"}
+    await raw.script_flush()
+    await rstore.create_run(make_run("run-2"))
+    assert (await rstore.get_run("run-2")).status == "running"
+
+
+async def test_a_commit_whose_pipe_was_cut_goes_again(
+    rstore: RedisStore, raw: aioredis.Redis
+) -> None:
+    """The pipe's connection killed with a commit in flight on it: the commit (its outcome
+    unknown) goes again through the client, and the next one opens a new pipe."""
+    await rstore.create_run(make_run())
+    conn_id = await rstore._fast.pipelined(pack("CLIENT", "ID"))
+    # A blocked command ahead of it: Redis leaves the commit unread until the kill drops it,
+    # so only a commit sent again can land.
+    held = asyncio.ensure_future(rstore._fast.pipelined(pack("BLPOP", "never", "0")))
+    await asyncio.sleep(0.05)
+    committing = asyncio.ensure_future(rstore.commit("run-1", 1, _RUNNING, make_step()))
+    await asyncio.sleep(0.05)
+    assert not committing.done()
+    await raw.client_kill_filter(_id=conn_id)
+    await committing
+    with pytest.raises(RedisConnectionError):
+        await held
+    assert set(await rstore.get_steps("run-1")) == {"intent"}
+    await rstore.commit("run-1", 1, _RUNNING, make_step("answer"))
+    assert set(await rstore.get_steps("run-1")) == {"intent", "answer"}
+    assert await rstore._fast.pipelined(pack("CLIENT", "ID")) != conn_id
 
 
 async def test_retried_claim_succeeds(rstore: RedisStore) -> None:

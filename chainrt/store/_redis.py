@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
 from redis import exceptions as rx
@@ -160,8 +160,11 @@ class RedisStore(ClusterIndex, CheckpointStore):
             await self._call(self._connect)
         if self.cluster:
             reply = await self._create_on_cluster(run, keys, args)
-        else:
+        elif self.wait_replicas:
             reply = await self._script("create", keys, args)
+        else:
+            command = pack("EVALSHA", SCRIPTS["create"].sha, len(keys), *keys, *args)
+            reply = await self._on_pipe("create", command, keys, args)
         if reply[0] != 0:
             raise CheckpointError(
                 f"run {run_id!r} already exists in {self.url}; choose another run id, "
@@ -270,7 +273,9 @@ class RedisStore(ClusterIndex, CheckpointStore):
             keys += (self.keys.unindexed(key_slot(keys[0].encode())),)
             args.append(run_id)
         if self.cluster is False and not self.wait_replicas:
-            await self._pipe_commit(_Commit(run_id, token, keys, args))
+            command = commit_wire(_COMMIT_HEAD, keys, args)
+            reply = await self._on_pipe("commit", command, keys, args)
+            self._check(reply, run_id, token, action="commit")
             return
         if self.cluster and not self.wait_replicas:
             # The run's slot, once per commit: the group and the connection are found by it.
@@ -284,34 +289,23 @@ class RedisStore(ClusterIndex, CheckpointStore):
             return
         await self._commits.submit(_Commit(run_id, token, keys, args))
 
-    async def _pipe_commit(self, commit: _Commit) -> None:
-        """On one node (without ``wait_replicas``): the commit as a packed EVALSHA on the pipe
-        (:mod:`._pipe`: written at once, or with the other commits of this loop turn in one
-        write; never behind another round trip). If that fails it goes again through
-        :meth:`_call`'s retries (the script is safe to send twice)."""
-        command = commit.packed()
+    async def _on_pipe(
+        self, name: str, command: bytes, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """On one node (without ``wait_replicas``): the script call ``command`` (``name`` with
+        ``keys`` and ``args``, packed) on the pipe (:mod:`._pipe`: written at once, or with the
+        other calls of this loop turn in one write; never behind another round trip). If the
+        pipe fails, or the server lost its scripts, the call goes again through the client
+        (:meth:`_script`: retried, the script loaded; every script is safe to send twice)."""
         try:
             reply = await self._fast.pipelined(command)
-        except Exception:
-            reply = None
-        if reply is None or isinstance(reply, rx.NoScriptError):
-
-            async def send() -> Any:
-                lean = self._fast
-                reply = await lean.pipelined(command)
-                if isinstance(reply, rx.NoScriptError):
-                    # The server lost its scripts (a restart): NOSCRIPT means the script did
-                    # not run; load it, then send the commit again.
-                    (loaded,) = await lean.call([pack("SCRIPT", "LOAD", SCRIPTS["commit"].source)])
-                    if isinstance(loaded, BaseException):
-                        raise loaded
-                    reply = await lean.pipelined(command)
-                return reply
-
-            reply = await self._call(send, key=commit.keys[0])
+        except Exception:  # its outcome is unknown (the pipe broke or timed out)
+            return await self._script(name, keys, args)
+        if isinstance(reply, rx.NoScriptError):
+            return await self._script(name, keys, args)
         if isinstance(reply, rx.ResponseError):
-            raise self._refused(reply, commit.keys[0])
-        self._check(reply, commit.run_id, commit.token, action="commit")
+            raise self._refused(reply, keys[0])
+        return reply
 
     async def _send_to_masters(self, commits: list[_Commit]) -> Outcomes:
         """On a cluster: the commits grouped by the master of their run's slot (the cluster
