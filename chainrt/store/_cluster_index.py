@@ -65,7 +65,7 @@ class ClusterIndex(RedisConnection):
         """The run's index entry (``ZADD NX``: a creation sent again keeps the first score)."""
         index = self.keys.index
         command = pack("ZADD", index, "NX", repr(created_at), run_id)
-        done, _ = await self._on_pipe(index, command)
+        done, _ = await self._on_master(index, command)
         if not done:
             score = {run_id: created_at}
             await self._call(lambda: self._client.zadd(index, score, nx=True), key=index)
@@ -75,7 +75,7 @@ class ClusterIndex(RedisConnection):
         (``SREM``). Best effort: an entry left there is emptied by the next repair."""
         command = pack("SREM", unindexed, run_id)
         try:
-            done, _ = await self._on_pipe(unindexed, command)
+            done, _ = await self._on_master(unindexed, command)
             if not done:
                 await self._call(lambda: self._client.srem(unindexed, run_id), key=unindexed)
         except CheckpointError as exc:  # StoreUnavailable included

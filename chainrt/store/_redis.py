@@ -16,15 +16,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
+from redis import exceptions as rx
 from redis.crc import key_slot
 
 from .._errors import CheckpointError, CorruptRecord
 from .._settings import get_settings
 from ._cluster import close_client, split_options
 from ._cluster_index import FIRST_COMMIT_MAX, ClusterIndex
+from ._cluster_lean import LOST, REDIRECTED
 from ._codec import (
     FINAL_STATUSES,
     assemble_run,
@@ -43,7 +45,7 @@ from ._commit_wire import commit_wire
 from ._group import InFlightGroup, Outcomes
 from ._keys import SCRIPTS, StoreKeys, check_run_id
 from ._keys import RunFields as F
-from ._lean import pack_args
+from ._lean import pack, pack_args
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from ._redis_client import one_line
@@ -67,7 +69,16 @@ class _Commit(NamedTuple):
     run_id: str
     token: int
     keys: tuple[str, ...]
+    """The run's keys; on a cluster, for the run's first commit, its slot's ``unindexed`` set too
+    (and the run id as a 12th argument)."""
     args: list[str | bytes]
+    slot: int = -1
+    """On a cluster, the hash slot of the run's keys (computed once, routed by); -1 elsewhere."""
+
+    def packed(self) -> bytes:
+        """The EVALSHA of the commit script, packed."""
+        head = _COMMIT_HEAD if len(self.keys) == 2 else _FIRST_COMMIT_HEAD
+        return commit_wire(head, self.keys, self.args)
 
 
 class RedisStore(ClusterIndex, CheckpointStore):
@@ -115,6 +126,8 @@ class RedisStore(ClusterIndex, CheckpointStore):
         # Before the first call has found out what the URL names, and with wait_replicas: each
         # commit through the client (WAIT goes with each). On one node otherwise: the pipe.
         self._commits: InFlightGroup[_Commit] = InFlightGroup(self._through_client)
+        # On a cluster: one group commit per master, by node name ("" while none is known).
+        self._per_master: dict[str, InFlightGroup[_Commit]] = {}
         # On a cluster: runs created here with an owner (this process runs them) whose first
         # commit has not gone yet (it takes them out of their slot's `unindexed` set, see
         # _cluster_index); insertion-ordered, at most FIRST_COMMIT_MAX (the oldest go first).
@@ -147,8 +160,11 @@ class RedisStore(ClusterIndex, CheckpointStore):
             await self._call(self._connect)
         if self.cluster:
             reply = await self._create_on_cluster(run, keys, args)
+        elif self.wait_replicas:
+            reply = await self._script("create", keys, args)
         else:
-            reply = await self._script_fast("create", keys, args)
+            command = pack("EVALSHA", SCRIPTS["create"].sha, len(keys), *keys, *args)
+            reply = await self._on_pipe("create", command, keys, args)
         if reply[0] != 0:
             raise CheckpointError(
                 f"run {run_id!r} already exists in {self.url}; choose another run id, "
@@ -256,13 +272,100 @@ class RedisStore(ClusterIndex, CheckpointStore):
             del self._first_commit[run_id]
             keys += (self.keys.unindexed(key_slot(keys[0].encode())),)
             args.append(run_id)
-        if self.cluster is not None and not self.wait_replicas:
-            head = _COMMIT_HEAD if len(keys) == 2 else _FIRST_COMMIT_HEAD
-            command = commit_wire(head, keys, args)
-            reply = await self._script_fast("commit", keys, args, command)
+        if self.cluster is False and not self.wait_replicas:
+            command = commit_wire(_COMMIT_HEAD, keys, args)
+            reply = await self._on_pipe("commit", command, keys, args)
             self._check(reply, run_id, token, action="commit")
             return
+        if self.cluster and not self.wait_replicas:
+            # The run's slot, once per commit: the group and the connection are found by it.
+            slot = key_slot(keys[0].encode())
+            # One group per master: a batch waits only for its own master's round trip.
+            master = self._cluster_fast.master_at(slot)
+            group = self._per_master.get(master)
+            if group is None:
+                group = self._per_master[master] = InFlightGroup(self._send_to_masters)
+            await group.submit(_Commit(run_id, token, keys, args, slot))
+            return
         await self._commits.submit(_Commit(run_id, token, keys, args))
+
+    async def _on_pipe(
+        self, name: str, command: bytes, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """On one node (without ``wait_replicas``): the script call ``command`` (``name`` with
+        ``keys`` and ``args``, packed) on the pipe (:mod:`._pipe`: written at once, or with the
+        other calls of this loop turn in one write; never behind another round trip). If the
+        pipe fails, or the server lost its scripts, the call goes again through the client
+        (:meth:`_script`: retried, the script loaded; every script is safe to send twice)."""
+        try:
+            reply = await self._fast.pipelined(command)
+        except Exception:  # its outcome is unknown (the pipe broke or timed out)
+            return await self._script(name, keys, args)
+        if isinstance(reply, rx.NoScriptError):
+            return await self._script(name, keys, args)
+        if isinstance(reply, rx.ResponseError):
+            raise self._refused(reply, keys[0])
+        return reply
+
+    async def _send_to_masters(self, commits: list[_Commit]) -> Outcomes:
+        """On a cluster: the commits grouped by the master of their run's slot (the cluster
+        client's map), each group as packed EVALSHAs on a bare connection to its master, the
+        groups at once. A commit answered with a redirection (``MOVED``, ``ASK``, ``TRYAGAIN``,
+        ``CLUSTERDOWN``, ``NOSCRIPT``) or whose connection failed goes again through the cluster
+        client (:meth:`_commit_one`: it follows the redirection, retries within ``retry_for_s``
+        and updates the map the next commits are routed by)."""
+        if len(commits) == 1:  # one run at a time: nothing to group
+            return await self._send_to_master(commits)
+        masters = self._cluster_fast
+        groups: dict[str, list[int]] = {}
+        for i, c in enumerate(commits):
+            groups.setdefault(masters.master_at(c.slot), []).append(i)
+        if len(groups) == 1:  # (the usual case: the batch of one master's group commit)
+            return await self._send_to_master(commits)
+        outcomes: Outcomes = [None] * len(commits)
+
+        async def send(where: list[int]) -> None:
+            done = await self._send_to_master([commits[i] for i in where])
+            for i, outcome in zip(where, done, strict=True):
+                outcomes[i] = outcome
+
+        await asyncio.gather(*(send(where) for where in groups.values()))
+        return outcomes
+
+    async def _send_to_master(self, commits: list[_Commit]) -> Outcomes:
+        """``commits`` (all in slots of one master, by the map) on a bare connection to it;
+        see :meth:`_send_to_masters`."""
+        # Looked up here, with no pause before the call: connections closed by another batch's
+        # refresh are never handed out.
+        lean = self._cluster_fast.at_slot(commits[0].slot)
+        if lean is None:  # the client's map has no master for the slot now
+            return await self._through_client(commits)
+        command = [c.packed() for c in commits]
+        try:
+            replies = await lean.call(command, len(commits))
+        except LOST:
+            outcomes = await self._through_client(commits)
+            await self._cluster_fast.refresh(lost=lean)
+            return outcomes
+        outcomes = []
+        again: list[int] = []
+        for i, (c, reply) in enumerate(zip(commits, replies, strict=True)):
+            outcomes.append(None)
+            try:
+                if isinstance(reply, REDIRECTED):
+                    again.append(i)
+                elif isinstance(reply, rx.ResponseError):
+                    raise self._refused(reply, c.keys[0])
+                else:
+                    self._check(reply, c.run_id, c.token, action="commit")
+            except CheckpointError as exc:
+                outcomes[i] = exc
+        if again:
+            redone = await self._through_client([commits[i] for i in again])
+            for i, outcome in zip(again, redone, strict=True):
+                outcomes[i] = outcome
+            await self._cluster_fast.refresh()
+        return outcomes
 
     async def _through_client(self, commits: list[_Commit]) -> Outcomes:
         """Each commit as its own script call through the client (retried, redirections

@@ -229,50 +229,36 @@ class RedisConnection:
         return await self._call(run, key=keys[0])
 
     async def _script_fast(
-        self,
-        name: str,
-        keys: Sequence[str],
-        args: Sequence[str | bytes],
-        command: bytes | None = None,
+        self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
     ) -> Any:
-        """:meth:`_script`; without ``wait_replicas`` first as a packed EVALSHA (``command``,
-        if the caller packed it) on a pipe: one node's, or on a cluster the pipe to the master
-        of the keys' slot (see :meth:`_on_pipe`)."""
-        if command is None:
-            command = pack("EVALSHA", SCRIPTS[name].sha, len(keys), *keys, *args)
-        done, reply = await self._on_pipe(keys[0], command)
+        """:meth:`_script`; on a cluster (without ``wait_replicas``) first as a packed EVALSHA on
+        a bare connection to the master of the keys' slot (see :meth:`_on_master`)."""
+        script = SCRIPTS[name]
+        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        done, reply = await self._on_master(keys[0], command)
         return reply if done else await self._script(name, keys, args)
 
-    async def _on_pipe(self, key: str, command: bytes) -> tuple[bool, Any]:
-        """Without ``wait_replicas``, ``command`` (packed, its keys in ``key``'s slot) on a pipe
-        (:mod:`._pipe`: written at once or with the other calls of this loop turn in one
-        write, never behind another round trip): one node's, or on a cluster the pipe to the
-        master of that slot. ``(True, reply)``, or a Redis error reply raised as the store's
-        error. ``(False, None)`` where the caller must send it through the client instead: not
-        connected yet, no master known for the slot, a redirection (``MOVED``, ``ASK``,
-        ``TRYAGAIN``, ``CLUSTERDOWN``, ``NOSCRIPT``: the client follows it, loads the script
-        and updates its slot map) or a lost connection or overdue reply (the client retries
-        within ``retry_for_s``; every command sent this way is idempotent)."""
-        if self.cluster is None or self.wait_replicas:
+    async def _on_master(self, key: str, command: bytes) -> tuple[bool, Any]:
+        """On a cluster (without ``wait_replicas``), ``command`` (packed, its keys in ``key``'s
+        slot) on a bare connection to the master of that slot: ``(True, reply)``, or a Redis
+        error reply raised as the store's error. ``(False, None)`` where the caller must send it
+        through the client instead: one node, no master known for the slot, a redirection
+        (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``, ``NOSCRIPT``: the client follows it
+        and updates its slot map) or a lost connection (the client retries within
+        ``retry_for_s``; every command sent this way is idempotent)."""
+        if not self.cluster or self.wait_replicas:
             return False, None
-        masters: ClusterLean | None = None
-        if self.cluster:
-            masters = self._cluster_fast
-            found = masters.for_key(key)
-            if found is None:
-                return False, None
-            lean = found
-        else:
-            lean = self._fast
+        masters = self._cluster_fast
+        lean = masters.for_key(key)
+        if lean is None:
+            return False, None
         try:
-            reply = await lean.pipelined(command)
+            (reply,) = await lean.call([command])
         except LOST:
-            if masters is not None:
-                await masters.refresh(lost=lean)
+            await masters.refresh(lost=lean)
             return False, None
         if isinstance(reply, REDIRECTED):
-            if masters is not None:
-                await masters.refresh()
+            await masters.refresh()
             return False, None
         if isinstance(reply, rx.ResponseError):
             raise self._refused(reply, key)
