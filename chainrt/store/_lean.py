@@ -141,8 +141,8 @@ class LeanRedis:
                 await conn.connect()
             else:
                 await self._watchdog.run(conn.connect())
-            if self._closed:
-                raise RuntimeError("LeanRedis is closed")
+            if self._closed:  # meanwhile: a call to go again
+                raise RedisConnectionError("the connection was closed while it opened")
             pipe = self._pipe = Pipe(conn, timeout_s=self._timeout_s)
         except BaseException as exc:
             # The others get the same error; this caller's own cancellation is not theirs:
