@@ -59,7 +59,7 @@ class Pipe:
         future gets its reply: a value, or a Redis error reply as a ``ResponseError`` instance
         (not raised), or the error that broke the pipe (raised)."""
         if self.error is not None:
-            raise self.error
+            raise type(self.error)(*self.error.args)
         future: asyncio.Future[Any] = self._loop.create_future()
         idle = not self._waiting
         due = 0.0 if self._timeout_s is None else self._loop.time() + self._timeout_s
