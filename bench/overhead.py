@@ -1,7 +1,7 @@
 """The runtime's own cost per durable step: no-op async tools, every step checkpointed.
 
     .venv/bin/python bench/overhead.py [--store sqlite:///tmp/x.db | redis://...] [--steps 100]
-        [--runs 30] [--trace] [--concurrency 1,8,64]
+        [--runs 30] [--trace] [--concurrency 1,8,64] [--delay-us D]
 
 Prints p50/p99 of the time per step (from one step's start to the next one's: budget decision,
 template rendering, the tool call, the atomic checkpoint write) and durable steps/s, plus the
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import itertools
 
 from _gc_flag import add_gc_flag, apply_gc, memory_label
-from _redis import add_persistence_flag
+from _redis import add_delay_flag, add_persistence_flag
 from _step_samples import SOURCE, Samples, chain, levels, one_run, pct, report
 
 from chainrt._hooks import NO_HOOKS, Hooks
@@ -186,6 +186,7 @@ def main() -> None:
     )
     parser.add_argument("--raw-per-round", type=int, default=300, help="raw round trips per round")
     add_persistence_flag(parser)
+    add_delay_flag(parser)
     add_gc_flag(parser)  # not used with --store redis-cluster
     from _cluster import add_cluster_flags
 
@@ -202,12 +203,14 @@ def main() -> None:
         # single node, cluster, wait_replicas=1 (interleaved), limiter, load
         _cluster.run(args, _raw_round_trip)
         return
+    if args.delay_us and args.store != "redis":
+        parser.error("--delay-us needs --store redis (the private server it sits in front of)")
     if args.store == "redis":
-        from _redis import persistence_label, private_server
+        from _redis import delay_label, persistence_label, private_server, reached
 
-        print(f"private redis-server, {persistence_label(args)}")
-        with private_server(args) as server:
-            asyncio.run(_measure(args, server.url, hooks))
+        print(f"private redis-server, {persistence_label(args)}; {delay_label(args)}")
+        with private_server(args) as server, reached(server, args) as url:
+            asyncio.run(_measure(args, url, hooks))
         return
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_measure(args, args.store or f"sqlite:///{tmp}/overhead.db", hooks))

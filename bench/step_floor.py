@@ -1,6 +1,6 @@
 """The least a durable step can cost in one asyncio process, next to what chainrt's runner costs.
 
-    .venv/bin/python bench/step_floor.py [--levels 1,64] [--steps 100] [--rounds 5]
+    .venv/bin/python bench/step_floor.py [--levels 1,64] [--steps 100] [--rounds 5] [--delay-us D]
 
 Issue 18 asks for a durable step near the Redis round trip at one run (p50 <= 1.5x a raw
 EVALSHA) and for 64 runs at once to do >= 4x the steps/s of one run. Both are bounded by how much
@@ -41,7 +41,14 @@ import time
 from typing import Any
 
 from _noop_tools import noop
-from _redis import add_persistence_flag, persistence_label, private_server
+from _redis import (
+    add_delay_flag,
+    add_persistence_flag,
+    delay_label,
+    persistence_label,
+    private_server,
+    reached,
+)
 from _step_samples import SOURCE, chain, levels, pct
 
 from chainrt._gc import tune_gc_for_runner
@@ -322,10 +329,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     add_persistence_flag(parser)
+    add_delay_flag(parser)
     args = parser.parse_args()
-    print(f"private redis-server, {persistence_label(args)}")
-    with private_server(args) as server:
-        asyncio.run(_main(server.url, levels(args.levels), args.steps, args.rounds))
+    print(f"private redis-server, {persistence_label(args)}; {delay_label(args)}")
+    with private_server(args) as server, reached(server, args) as url:
+        asyncio.run(_main(url, levels(args.levels), args.steps, args.rounds))
 
 
 if __name__ == "__main__":
