@@ -2,15 +2,16 @@
 
     python bench/_delay_proxy.py LISTEN_PORT TARGET_PORT DELAY_US
 
-Loopback Redis on a bench machine answers in well under 0.1 ms, where Redis on another host
+Loopback Redis on a bench machine answers in about 0.1 ms, where Redis on another host
 answers in 0.2-0.5 ms; ratios that depend on the round trip (issue 18's "64 runs at once vs one")
 change with it. This proxy runs in its own process, so its CPU is not counted in the bench's
 process, and it models latency, not bandwidth: each direction of each connection has a reader
 thread that stamps a chunk with its due time (arrival + delay) and a sender thread that sleeps
-until that time and forwards it, so chunks in flight overlap as packets on a wire do. The sleep
-is the kernel's (``time.sleep``), so the added latency is the delay plus a few tens of
-microseconds of timer slack and thread wake-up; the benches measure the raw round trip through
-the same proxy, in the same run, and report that.
+until that time and forwards it, so chunks in flight overlap as packets on a wire do. The hop
+itself (thread wake-ups, two more socket writes, ``time.sleep``'s timer slack) adds more than
+the delay: on the 2-CPU bench machine a raw round trip of 0.10-0.14 ms became 0.19-0.26 ms at
+1 us and 0.41-0.52 ms at 50 us (``docs/performance.md``, round 12). So the benches measure the
+raw round trip through the same proxy, in the same run, and report that, not the delay.
 
 It prints ``ready`` on stdout once it listens, and runs until it is killed.
 """
@@ -73,7 +74,11 @@ def serve(listen_port: int, target_port: int, delay: float) -> None:
         while True:
             client, _ = server.accept()
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            upstream = _connected(target_port)
+            try:
+                upstream = _connected(target_port)
+            except OSError:  # the server is gone: this client is refused, the proxy stays up
+                _close(client)
+                continue
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pump, args=(src, dst, delay), daemon=True).start()
 

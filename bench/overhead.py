@@ -192,6 +192,8 @@ def main() -> None:
 
     add_cluster_flags(parser)  # used with --store redis-cluster (see bench/_cluster.py)
     args = parser.parse_args()
+    if args.delay_us and args.store != "redis":  # not redis-cluster either: six servers
+        parser.error("--delay-us needs --store redis (the private server it sits in front of)")
     hooks: Hooks | None = None
     if args.trace:
         from chainrt.tracing import in_memory_hooks
@@ -203,8 +205,6 @@ def main() -> None:
         # single node, cluster, wait_replicas=1 (interleaved), limiter, load
         _cluster.run(args, _raw_round_trip)
         return
-    if args.delay_us and args.store != "redis":
-        parser.error("--delay-us needs --store redis (the private server it sits in front of)")
     if args.store == "redis":
         from _redis import delay_label, persistence_label, private_server, reached
 
