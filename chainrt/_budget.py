@@ -82,7 +82,7 @@ def decide(remaining_ms: float, steps_left: Sequence[StepBudget]) -> Decision:
     step = steps_left[0]
     total_weight = sum(s.weight for s in steps_left)
     reserve = sum(s.need_ms for s in steps_left[1:] if not s.optional) if step.optional else 0.0
-    return _decide(step, remaining_ms, total_weight, reserve)
+    return _decide(step, remaining_ms, total_weight, reserve, step.need_ms)
 
 
 class Plan:
@@ -93,7 +93,7 @@ class Plan:
     thousands of steps pays for them once, not at every step.
     """
 
-    __slots__ = ("_reserve_after", "_weight_from", "steps")
+    __slots__ = ("_need", "_reserve_after", "_weight_from", "steps")
 
     def __init__(self, steps: Sequence[StepBudget]) -> None:
         self.steps = tuple(steps)
@@ -108,31 +108,35 @@ class Plan:
                 reserve_after[index - 1] = reserve_after[index] + need
         self._weight_from = weight_from
         self._reserve_after = reserve_after
+        self._need = [step.need_ms for step in self.steps]
 
     def decide(self, index: int, remaining_ms: float) -> Decision:
         """Decide for step ``index`` given ``remaining_ms`` (every later step may still run)."""
         step = self.steps[index]
         reserve = self._reserve_after[index] if step.optional else 0.0
-        return _decide(step, remaining_ms, self._weight_from[index], reserve)
+        return _decide(step, remaining_ms, self._weight_from[index], reserve, self._need[index])
 
 
-def _decide(step: StepBudget, remaining_ms: float, total_weight: float, reserve: float) -> Decision:
+def _decide(
+    step: StepBudget, remaining_ms: float, total_weight: float, reserve: float, need: float
+) -> Decision:
     """The rule itself: ``total_weight`` of the steps still to run (this one included),
-    ``reserve`` the ``min`` of the required steps after an optional one."""
+    ``reserve`` the ``min`` of the required steps after an optional one, ``need`` the step's
+    :attr:`~StepBudget.need_ms`."""
     remaining = max(remaining_ms, 0.0)
-    if remaining < step.need_ms:
-        why = f"{remaining:.0f}ms left, step needs {step.need_ms:.0f}ms"
+    if remaining < need:
+        why = f"{remaining:.0f}ms left, step needs {need:.0f}ms"
         return Skip(why) if step.optional else Stop(why)
 
     share = remaining * step.weight / total_weight
-    share = max(share, step.need_ms)
+    share = max(share, need)
     if step.max_ms is not None:
         share = min(share, step.max_ms)
     allot = min(share, remaining)
 
     if step.optional and remaining - allot < reserve:
         allot = remaining - reserve
-        if allot < step.need_ms:
+        if allot < need:
             return Skip(
                 f"{remaining:.0f}ms left, {reserve:.0f}ms reserved for the required steps after"
             )

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .store._built import SharedFields, made
 from .store._records import RunRecord, StepRecord
 
 __all__ = ["BudgetSummary", "LlmAnswers", "RunResult", "StepSummary"]
@@ -116,40 +117,56 @@ class RunResult(BaseModel):
         order = [s.get("id") for s in spec_steps]
         llm_ids = {s.get("id") for s in spec_steps if s.get("llm") is not None}
         answers = _llm_answers([rec for step_id, rec in steps.items() if step_id in llm_ids])
-        # Validated in one call from plain dicts: a StepSummary(...) per step cost ~5 us of
-        # Python around each validation, ~0.3 ms per run of a 60-step chain (bench/runtime_reuse.py).
+        # Built without validation (issue 18): every value comes from a RunRecord and its
+        # StepRecords, already of these fields' types; validating 100 summaries cost ~5 us of
+        # CPU per step of a 100-step run. tests/test_result_built.py compares both ways.
         summaries = [
-            {
-                "id": rec.step_id,
-                "status": rec.status,
-                "attempts": rec.attempts,
-                "allotted_ms": round(rec.allotted_ms, 3),
-                "elapsed_ms": round(rec.elapsed_ms, 3),
-                "model": rec.model,
-                "fallback": rec.fallback,
-                "error": rec.error,
-                "confidence_score": rec.confidence_score,
-                "verification_status": rec.verification_status,
-                "degraded": rec.degraded,
-                "contradictions": rec.contradictions,
-            }
+            _summary(rec)
             for step_id in order
             if isinstance(step_id, str) and (rec := steps.get(step_id)) is not None
         ]
-        return cls.model_validate(
+        budget = made(
+            BudgetSummary,
             {
-                "run_id": run.run_id,
-                "chain": run.chain,
-                "status": run.status,
-                "output": run.output,
-                "budget": {
-                    "total_ms": round(run.budget_total_ms, 3),
-                    "used_ms": round(run.budget_used_ms, 3),
-                },
-                "steps": summaries,
-                "stopped_at": run.stopped_at,
-                "error": run.error,
-                "degraded": answers.static > 0,
-                "llm_answers": answers,
-            }
+                "total_ms": float(round(run.budget_total_ms, 3)),
+                "used_ms": float(round(run.budget_used_ms, 3)),
+            },
+            _BUDGET_FIELDS,
         )
+        data = {
+            "run_id": run.run_id,
+            "chain": run.chain,
+            "status": run.status,
+            "output": run.output,
+            "budget": budget,
+            "steps": summaries,
+            "stopped_at": run.stopped_at,
+            "error": run.error,
+            "degraded": answers.static > 0,
+            "llm_answers": answers,
+        }
+        return made(cls, data, _RESULT_FIELDS)
+
+
+def _summary(rec: StepRecord) -> StepSummary:
+    """The summary of one step record (its containers copied, as validation copies them)."""
+    data = {
+        "id": rec.step_id,
+        "status": rec.status,
+        "attempts": rec.attempts,
+        "allotted_ms": float(round(rec.allotted_ms, 3)),
+        "elapsed_ms": float(round(rec.elapsed_ms, 3)),
+        "model": rec.model,
+        "fallback": rec.fallback,
+        "error": rec.error,
+        "confidence_score": rec.confidence_score,
+        "verification_status": rec.verification_status,
+        "degraded": None if rec.degraded is None else dict(rec.degraded),
+        "contradictions": None if rec.contradictions is None else list(rec.contradictions),
+    }
+    return made(StepSummary, data, _SUMMARY_FIELDS)
+
+
+_SUMMARY_FIELDS = SharedFields(StepSummary.model_fields)
+_BUDGET_FIELDS = SharedFields(BudgetSummary.model_fields)
+_RESULT_FIELDS = SharedFields(RunResult.model_fields)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,9 +335,14 @@ class Runner:
             )
             return
         journal.waits_ms.update(run_keys.waits_ms)
-        step_call = chain_steps(
-            self.interceptors,
-            functools.partial(self._step, journal.scope, source_dir, progress),
+        scope, run_id = journal.scope, journal.run_id
+        # With no interceptor a step is called directly (no StepStart made for nobody to see).
+        step_call = (
+            chain_steps(
+                self.interceptors, functools.partial(self._step, scope, source_dir, progress)
+            )
+            if self.interceptors
+            else None
         )
         try:
             pending = journal.pending(spec.steps)
@@ -354,9 +359,13 @@ class Runner:
                     if await end_step(journal, progress, step, skipped, None):
                         return
                     continue
-                record, stop = settle(
-                    step, await step_call(StepStart(journal.run_id, step, decision.ms))
-                )
+                if step_call is None:
+                    done = await self._run_step(
+                        scope, source_dir, progress, run_id, step, decision.ms
+                    )
+                else:
+                    done = await step_call(StepStart(run_id, step, decision.ms))
+                record, stop = settle(step, done)
                 if await end_step(journal, progress, step, record, stop):
                     return
             try:
@@ -368,22 +377,38 @@ class Runner:
         finally:
             await run_keys.release()
 
-    async def _step(
+    def _step(
         self,
         scope: dict[str, Any],
         source_dir: Path | None,
         progress: Progress,
         start: StepStart,
-    ) -> StepRecord:
+    ) -> Coroutine[Any, Any, StepRecord]:
         """One step inside its interceptors."""
-        step = start.step
+        return self._run_step(
+            scope, source_dir, progress, start.run_id, start.step, start.allotted_ms
+        )
+
+    async def _run_step(
+        self,
+        scope: dict[str, Any],
+        source_dir: Path | None,
+        progress: Progress,
+        run_id: str,
+        step: StepSpec,
+        allot_ms: float,
+    ) -> StepRecord:
+        """One step, from its allotment to its record."""
         if step.llm is None:  # only an LLM step's executor reports attempts and tokens
-            progress.step_started(step, start.allotted_ms, None)
-            return await run_step(start, scope, self.limiter, self._executor(step), source_dir)
-        progress.step_started(step, start.allotted_ms, step.llm.model)
+            progress.step_started(step, allot_ms, None)
+            executor = self._executor(step)
+            return await run_step(run_id, step, allot_ms, scope, self.limiter, executor, source_dir)
+        progress.step_started(step, allot_ms, step.llm.model)
         token = STEP_PROGRESS.set(progress)
         try:
-            return await run_step(start, scope, self.limiter, self._llm, source_dir)
+            return await run_step(
+                run_id, step, allot_ms, scope, self.limiter, self._llm, source_dir
+            )
         finally:
             STEP_PROGRESS.reset(token)
 

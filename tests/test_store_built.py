@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pydantic import TypeAdapter
 
 from chainrt.store._built import attempt_record, run_progress, step_record
@@ -102,3 +103,26 @@ def test_run_progress_matches() -> None:
         "trace": {"trace_id": "t"},
     }
     _same(run_progress(**final), RunProgress(**final))
+
+
+def test_built_records_share_their_fields_set_and_no_record_can_change_it() -> None:
+    one = attempt_record(1, "ok", 0.5)
+    two = attempt_record(2, "error", 1.5, "boom")
+    assert one.model_fields_set is two.model_fields_set  # one set for every built attempt
+    one.detail = "changed"  # a given field: assignable, and the shared set stays as it was
+    assert one.detail == "changed"
+    assert two.detail == "boom"
+    with pytest.raises(TypeError, match="model_copy"):
+        one.model = "m"  # not given: adding it would change every built record's set
+    assert "model" not in two.model_fields_set
+    copied = one.model_copy(update={"model": "m"})  # the way to change one: a copy of its own
+    assert copied.model == "m"
+    assert "model" in copied.model_fields_set
+    assert "model" not in attempt_record(3, "ok", 0.1).model_fields_set
+    step = step_record(
+        "s1", "completed", None, 1, None, None, 1.0, 0.5, 1.0, 1.5, None, [one], {}, None, None,
+        None, None,
+    )  # fmt: skip
+    again = step.model_copy(update={"schema_version": 2})
+    assert "schema_version" in again.model_fields_set
+    assert "schema_version" not in step.model_fields_set

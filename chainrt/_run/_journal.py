@@ -8,7 +8,9 @@ written. Nothing here decides anything about the budget.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from .._errors import ChainRTError, RecordTooLarge, StoreUnavailable
@@ -16,7 +18,7 @@ from .._result import RunResult
 from ..spec import StepSpec
 from ..store._built import run_progress
 from ..store._protocol import CheckpointStore
-from ..store._records import FINAL_STEP_STATUSES, RunRecord, StepRecord
+from ..store._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
 from ..store._watchdog import Watchdog
 
 __all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal"]
@@ -69,11 +71,13 @@ class RunJournal:
         self.store = store
         self._record = record
         self._update: dict[str, Any] = {}
+        self._written: tuple[RunProgress, float] | None = None
         self.token = record.fencing_token
         self.clock = clock
         # Bounds each commit: one timer per execution, set for the budget's end, instead of an
         # asyncio.timeout (a timer scheduled and cancelled) per commit.
         self._guard = Watchdog(COMMIT_GRACE_S)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.done = dict(done)
         self.waits_ms: dict[str, float] = dict(record.waits_ms)
         self.scope: dict[str, Any] = {
@@ -90,6 +94,18 @@ class RunJournal:
     def record(self) -> RunRecord:
         """The run record as written by the last commit (copied once per read after commits,
         not once per commit: the loop reads it only at the end)."""
+        written = self._written
+        if written is not None:
+            progress, at = written
+            self._written = None
+            update = self._update
+            update["status"] = progress.status
+            update["budget_used_ms"] = progress.budget_used_ms
+            update["waits_ms"] = progress.waits_ms  # a copy of self.waits_ms, not changed since
+            update["output"] = progress.output
+            update["error"] = progress.error  # as written: redacted
+            update["stopped_at"] = progress.stopped_at
+            update["updated_at"] = at
         if self._update:
             self._record = self._record.model_copy(update=self._update)
             self._update = {}
@@ -108,6 +124,12 @@ class RunJournal:
             if s.id not in self.done or self.done[s.id].status not in FINAL_STEP_STATUSES
         ]
 
+    def _unavailable(self) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"checkpoint of run {self.run_id} did not complete within the budget; "
+            f"the store ({self.store.url}) is too slow or down — resume the run when it is back"
+        )
+
     def close(self) -> None:
         """Cancel the commits' timer (the execution is over; a later commit sets it again)."""
         self._guard.stop()
@@ -116,11 +138,10 @@ class RunJournal:
         """The run as the caller sees it now."""
         return RunResult.from_records(self.record, self.done)
 
-    async def record_step(self, step: StepRecord) -> None:
-        """Write a step's record with the run's progress; its output becomes visible to templates."""
-        await self.commit(step=step)
-        if step.status in FINAL_STEP_STATUSES:
-            self.scope["steps"][step.step_id] = {"output": step.output}
+    def record_step(self, step: StepRecord) -> Coroutine[Any, Any, None]:
+        """Write a step's record with the run's progress; once written, a completed or skipped
+        step's output is visible to templates (the commit itself, not a coroutine around it)."""
+        return self.commit(step=step)
 
     async def finish(
         self,
@@ -162,25 +183,40 @@ class RunJournal:
         The write may take the budget that is left, and at least :data:`COMMIT_GRACE_S`;
         past that the store counts as unavailable (StoreUnavailable).
         """
-        progress = run_progress(
-            status=status,
-            budget_used_ms=round(self.clock.used_ms(), 3),
-            output=output,
-            error=error,
-            stopped_at=stopped_at,
-            release_owner=release,
-            waits_ms=self.waits_ms,
-            budget_total_ms=budget_total,
-            trace=trace,
+        clock = self.clock
+        used_ms = clock.used_ms()
+        progress = run_progress(  # by position, in RunProgress's field order
+            status,
+            round(used_ms, 3),
+            output,
+            error,
+            stopped_at,
+            release,
+            self.waits_ms,
+            budget_total,
+            trace,
         )
-        timeout = max(self.clock.remaining_ms() / 1000, COMMIT_GRACE_S)
+        timeout = max((clock.total_ms - used_ms) / 1000, COMMIT_GRACE_S)
+        work = self.store.commit(self.run_id, self.token, progress, step)
+        # Bounded with the execution's one timer, inline in this task (no coroutine around the
+        # write): on the loop of the first commit, which takes the watchdog's general path.
+        guard, loop = self._guard, self._loop
+        task = None if loop is None else asyncio.current_task(loop)
+        inline = loop is not None and task is not None and guard.enter(loop, task, timeout)
         try:
-            # Not wait_for: on Python 3.11 a cancellation racing the write can leave the
-            # write's own error (FencedOut) unretrieved in wait_for's inner task, printed
-            # as a traceback at exit. Here the write runs in this task and its error is raised.
-            await self._guard.run(
-                self.store.commit(self.run_id, self.token, progress, step), timeout
-            )
+            if inline:
+                await work
+            else:
+                if loop is None:
+                    self._loop = asyncio.get_running_loop()
+                # Not wait_for: on Python 3.11 a cancellation racing the write can leave the
+                # write's own error (FencedOut) unretrieved in wait_for's inner task, printed
+                # as a traceback at exit. Here the write runs in this task and its error is raised.
+                await guard.run(work, timeout)
+        except asyncio.CancelledError:
+            if inline and task is not None and guard.timed_out(task):
+                raise self._unavailable() from None
+            raise
         except RecordTooLarge as exc:
             raise _Unrecordable(exc.message) from None
         except (ValueError, RecursionError) as exc:
@@ -188,23 +224,19 @@ class RunJournal:
             # PydanticSerializationError and UnicodeEncodeError are ValueErrors.
             raise _Unrecordable(f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:
-            raise StoreUnavailable(
-                f"checkpoint of run {self.run_id} did not complete within the budget; "
-                f"the store ({self.store.url}) is too slow or down — resume the run when it is back"
-            ) from None
+            raise self._unavailable() from None
+        finally:
+            if inline and task is not None:
+                guard.leave(task)
         if step is not None:
             self.done[step.step_id] = step
-        update = self._update
-        update["status"] = status
-        update["budget_used_ms"] = progress.budget_used_ms
-        update["waits_ms"] = progress.waits_ms  # a copy of self.waits_ms, not changed after this
-        update["output"] = output
-        update["error"] = error
-        update["stopped_at"] = stopped_at
-        update["updated_at"] = time.time()
+            if step.status in FINAL_STEP_STATUSES:
+                self.scope["steps"][step.step_id] = {"output": step.output}
+        # What the commit wrote, applied to the in-memory record when it is next read.
+        self._written = (progress, time.time())
         if budget_total is not None:
-            update["budget_total_ms"] = budget_total
+            self._update["budget_total_ms"] = budget_total
         if trace is not None:
-            update["trace"] = trace
+            self._update["trace"] = trace
         if release:
-            update["owner"] = None
+            self._update["owner"] = None

@@ -106,14 +106,16 @@ async def acquire_keys(
 
 
 async def run_step(
-    start: StepStart,
+    run_id: str,
+    step: StepSpec,
+    allot_ms: float,
     scope: dict[str, Any],
     limiter: Limiter,
     executor: KindExecutor,
     source_dir: Path | None,
 ) -> StepRecord:
-    """Run one step: its keys, then its executor, all inside the allotment; return its record."""
-    step, allot_ms, run_id = start.step, start.allotted_ms, start.run_id
+    """Run ``step`` of run ``run_id``, allotted ``allot_ms``: its keys, then its executor, all
+    inside the allotment; return its record."""
     started_at = time.time()
     t0 = time.perf_counter()
     deadline = started_at + allot_ms / 1000
@@ -122,7 +124,12 @@ async def run_step(
         # A tool step without ``args`` renders nothing: no scope of its own (issue 18).
         bare = step.tool is not None and not step.args
         step_scope = scope if bare else _step_scope(step, scope)
-        outcome = await _execute(executor, step, step_scope, run_id, deadline, source_dir)
+        try:  # (_execute, inline: one coroutine less on every step)
+            outcome = await executor.run(
+                step, step_scope, run_id=run_id, deadline=deadline, source_dir=source_dir
+            )
+        except ChainRTError as exc:
+            outcome = StepOutcome("failed", error=exc.message)
     else:
         step_scope = _step_scope(step, scope)
         try:
@@ -180,24 +187,25 @@ def step_record(
 ) -> StepRecord:
     """The record a step's outcome is written as (built without validation: every value here
     is the runtime's own, of the right type)."""
+    # By position, in StepRecord's field order (see built_step_record).
     return built_step_record(
-        step_id=step.id,
-        status=outcome.status,
-        output=outcome.output,
-        attempts=outcome.attempts,
-        model=outcome.model,
-        fallback=outcome.fallback,
-        allotted_ms=round(allot_ms, 3),
-        elapsed_ms=round(elapsed_ms, 3),
-        started_at=started_at,
-        finished_at=started_at + elapsed_ms / 1000,
-        error=outcome.error,
-        attempt_log=outcome.attempt_log,
-        waits_ms=dict(waits or {}),
-        confidence_score=outcome.confidence_score,
-        verification_status=outcome.verification_status,
-        degraded=outcome.degraded,
-        contradictions=outcome.contradictions,
+        step.id,
+        outcome.status,
+        outcome.output,
+        outcome.attempts,
+        outcome.model,
+        outcome.fallback,
+        round(allot_ms, 3),
+        round(elapsed_ms, 3),
+        started_at,
+        started_at + elapsed_ms / 1000,
+        outcome.error,
+        outcome.attempt_log,
+        {} if not waits else dict(waits),
+        outcome.confidence_score,
+        outcome.verification_status,
+        outcome.degraded,
+        outcome.contradictions,
     )
 
 

@@ -19,7 +19,7 @@ import inspect
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -240,7 +240,6 @@ class _Tries:
 async def run_tool(
     fn: Callable[..., Any],
     kwargs: dict[str, Any],
-    *,
     run_id: str,
     step_id: str,
     deadline: float,
@@ -321,7 +320,7 @@ class ToolExecutor:
             self._tools[key] = fn
         return fn
 
-    async def run(
+    def run(
         self,
         step: StepSpec,
         scope: dict[str, Any],
@@ -329,18 +328,21 @@ class ToolExecutor:
         run_id: str,
         deadline: float,
         source_dir: Path | None,
-    ) -> StepOutcome:
-        """Call the step's tool with its rendered ``args`` as keyword arguments."""
+    ) -> Coroutine[Any, Any, StepOutcome]:
+        """Call the step's tool with its rendered ``args`` as keyword arguments (the tool's
+        reference is resolved and its arguments rendered here, at the call; what is awaited is
+        :func:`run_tool` itself, with no coroutine around it)."""
         assert step.tool is not None
         fn = self.resolve(step.tool, source_dir or Path.cwd())
-        return await run_tool(
+        retry = step.retry
+        return run_tool(  # by position, in run_tool's order (keywords cost ~0.3 us a call)
             fn,
             render_value(step.args, scope) if step.args else {},
-            run_id=run_id,
-            step_id=step.id,
-            deadline=deadline,
-            attempts=step.retry.attempts,
-            backoff_ms=step.retry.backoff,
-            max_backoff_ms=step.retry.max_backoff,
-            attempt_timeout_ms=step.attempt_timeout,
+            run_id,
+            step.id,
+            deadline,
+            retry.attempts,
+            retry.backoff,
+            retry.max_backoff,
+            step.attempt_timeout,
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["Watchdog"]
 
@@ -30,8 +30,9 @@ class Watchdog:
 
     def __init__(self, bound_s: float) -> None:
         self.bound_s = bound_s
-        self._running: dict[asyncio.Task[object], float] = {}  # task -> deadline (loop time)
-        self._expired: set[asyncio.Task[object]] = set()
+        # task -> (deadline (loop time), the task's cancellation count when it entered)
+        self._running: dict[asyncio.Task[Any], tuple[float, int]] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -43,35 +44,56 @@ class Watchdog:
         same watchdog gets an ``asyncio.timeout`` of its own).
         """
         bound = self.bound_s if bound_s is None else bound_s
-        task = asyncio.current_task()
-        if task is None or task in self._running:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is None or not self.enter(loop, task, bound):
             async with asyncio.timeout(bound):
                 return await work
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + bound
-        self._running[task] = deadline
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if self.timed_out(task):
+                raise TimeoutError(f"not done within {bound:g}s") from None
+            raise
+        finally:
+            self.leave(task)
+
+    def enter(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], bound_s: float
+    ) -> bool:
+        """Bound what ``task`` (running on ``loop``) awaits from now on by ``bound_s``; False
+        when this watchdog bounds it already (nothing changed). What :meth:`run` does around
+        its work, for a caller that awaits inline (no coroutine of its own): ``enter``, await,
+        on ``CancelledError`` ask :meth:`timed_out`, and ``leave`` in every case."""
+        if task in self._running:
+            return False
+        deadline = loop.time() + bound_s
+        self._running[task] = (deadline, task.cancelling())
         timer = self._timer
         if timer is None or self._loop is not loop:  # (a new loop: the old one is gone)
             self._timer, self._loop = loop.call_at(deadline, self._check, loop), loop
         elif deadline < timer.when():
             timer.cancel()
             self._timer = loop.call_at(deadline, self._check, loop)
-        cancelling = task.cancelling()
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if task in self._expired and task.uncancel() <= cancelling:
-                raise TimeoutError(f"not done within {bound:g}s") from None
-            raise
-        finally:
-            del self._running[task]
-            self._expired.discard(task)
+        return True
+
+    def timed_out(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the ``CancelledError`` ``task`` got since :meth:`enter` is this watchdog's
+        (its bound passed: raise ``TimeoutError``) and not a cancellation from elsewhere."""
+        if task not in self._expired:
+            return False
+        return task.uncancel() <= self._running[task][1]
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        """Stop bounding ``task`` (after :meth:`enter`, whatever the work ended with)."""
+        del self._running[task]
+        self._expired.discard(task)
 
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         now = loop.time()
         following: float | None = None
-        for task, deadline in self._running.items():
+        for task, (deadline, _) in self._running.items():
             if deadline <= now:
                 if task not in self._expired:
                     self._expired.add(task)
