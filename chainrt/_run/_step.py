@@ -119,7 +119,7 @@ async def run_step(
     started_at = time.time()
     t0 = time.perf_counter()
     deadline = started_at + allot_ms / 1000
-    waits: dict[str, float] = {}
+    waits: dict[str, float] | None = None
     if not step.concurrency:  # no keys to take or give back: no limiter call at all
         # A tool step without ``args`` renders nothing: no scope of its own (issue 18).
         bare = step.tool is not None and not step.args

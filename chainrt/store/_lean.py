@@ -18,7 +18,7 @@ a reply meant for another. Nothing here retries: the callers do (their scripts a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from redis.asyncio.retry import Retry
@@ -118,13 +118,18 @@ class LeanRedis:
                 await conn.disconnect(nowait=True)
         return out
 
-    async def pipelined(self, command: bytes) -> Any:
+    def pipelined(self, command: bytes) -> Awaitable[Any]:
         """Send one packed ``command`` on this client's pipe (one connection shared by every
-        pipelined call, see :mod:`._pipe`) and return its reply; fails as :meth:`call` does (a
-        broken pipe is replaced by a new one at the next call)."""
+        pipelined call, see :mod:`._pipe`); await its reply. Fails as :meth:`call` does (a
+        broken pipe is replaced by a new one at the next call). With the pipe open, what is
+        awaited is the reply's future itself (no coroutine around it, issue 18)."""
         pipe = self._pipe
         if pipe is None or pipe.error is not None:
-            pipe = await self._open_pipe()
+            return self._open_and_send(command)
+        return pipe.send(command)
+
+    async def _open_and_send(self, command: bytes) -> Any:
+        pipe = await self._open_pipe()
         return await pipe.send(command)
 
     async def _open_pipe(self) -> Pipe:
