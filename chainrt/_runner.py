@@ -336,7 +336,7 @@ class Runner:
             return
         journal.waits_ms.update(run_keys.waits_ms)
         scope, run_id = journal.scope, journal.run_id
-        # With no interceptor a step is called directly (no StepStart made for nobody to see).
+        # With no interceptor a step is called directly: no StepStart is made that none would see.
         step_call = (
             chain_steps(
                 self.interceptors, functools.partial(self._step, scope, source_dir, progress)

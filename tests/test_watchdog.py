@@ -54,3 +54,39 @@ async def test_a_timed_out_task_can_go_on_awaiting() -> None:
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
     assert await dog.run(asyncio.sleep(0.01, "after")) == "after"
     dog.stop()
+
+
+async def _inline(dog: Watchdog, seconds: float) -> str:
+    """What the run journal does around a commit: enter, await in this task, leave."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    assert dog.enter(loop, task, BOUND_S)
+    assert not dog.enter(loop, task, BOUND_S)  # bounded already: a nested call is told so
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        if dog.timed_out(task):
+            return "timed out"
+        raise
+    finally:
+        dog.leave(task)
+    return "done"
+
+
+async def test_inline_bounds_time_out_finish_and_tell_a_cancellation_from_elsewhere() -> None:
+    dog = Watchdog(60.0)
+    async with asyncio.timeout(10):
+        started = time.monotonic()
+        assert await _inline(dog, 60) == "timed out"
+        assert time.monotonic() - started >= BOUND_S  # never early
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        assert await _inline(dog, 0.01) == "done"
+        elsewhere = asyncio.create_task(_inline(dog, 60))
+        await asyncio.sleep(0.01)
+        elsewhere.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await elsewhere
+    assert dog._running == {}
+    assert dog._expired == set()
+    dog.stop()
