@@ -120,16 +120,12 @@ async def run_step(
     t0 = time.perf_counter()
     deadline = started_at + allot_ms / 1000
     waits: dict[str, float] | None = None
+    holding: Holding | None = None
+    outcome: StepOutcome | None = None
     if not step.concurrency:  # no keys to take or give back: no limiter call at all
         # A tool step without ``args`` renders nothing: no scope of its own (issue 18).
         bare = step.tool is not None and not step.args
         step_scope = scope if bare else _step_scope(step, scope)
-        try:  # (_execute, inline: one coroutine less on every step)
-            outcome = await executor.run(
-                step, step_scope, run_id=run_id, deadline=deadline, source_dir=source_dir
-            )
-        except ChainRTError as exc:
-            outcome = StepOutcome("failed", error=exc.message)
     else:
         step_scope = _step_scope(step, scope)
         try:
@@ -146,9 +142,15 @@ async def run_step(
             outcome = StepOutcome("failed", error=f"concurrency: {exc.message}")
         else:
             waits = holding.waits_ms
-            try:
-                outcome = await _execute(executor, step, step_scope, run_id, deadline, source_dir)
-            finally:
+    if outcome is None:  # the keys (if any) are held: the step kind's executor runs it
+        try:
+            outcome = await executor.run(
+                step, step_scope, run_id=run_id, deadline=deadline, source_dir=source_dir
+            )
+        except ChainRTError as exc:  # raised by the executor: the step's failure
+            outcome = StepOutcome("failed", error=exc.message)
+        finally:
+            if holding is not None:
                 await holding.release()
     elapsed_ms = (time.perf_counter() - t0) * 1000
     return step_record(step, outcome, allot_ms, started_at, elapsed_ms, waits)
@@ -158,23 +160,6 @@ def _step_scope(step: StepSpec, scope: dict[str, Any]) -> dict[str, Any]:
     """What the step's templates see: the run's scope and ``step`` (id, model, weight)."""
     model = step.llm.model if step.llm is not None else None
     return {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
-
-
-async def _execute(
-    executor: KindExecutor,
-    step: StepSpec,
-    scope: dict[str, Any],
-    run_id: str,
-    deadline: float,
-    source_dir: Path | None,
-) -> StepOutcome:
-    """The step kind's executor; a ChainRTError it raises is the step's failure."""
-    try:
-        return await executor.run(
-            step, scope, run_id=run_id, deadline=deadline, source_dir=source_dir
-        )
-    except ChainRTError as exc:
-        return StepOutcome("failed", error=exc.message)
 
 
 def step_record(
