@@ -13,6 +13,9 @@ fast path), the same for the in-process limiter, one contended line (1 key, limi
 from holder to waiter), and a raw ``EVALSHA`` of a one-line script measured in the same run, plus
 the limiter's two scripts called bare (what separates script cost from limiter code).
 ``x raw`` is (raw round trips/s) / (pairs/s): 2.0 means a pair costs exactly two round trips.
+The ``as the runner`` lines give the keys back as the runner gives back a step's keys
+(``Holding.release_unconfirmed``: the release is sent and not waited for; the next acquire goes
+out behind it on the same connection), the others await each release.
 The machine running it is often shared: every case runs ``--rounds`` interleaved rounds and the
 best round is shown (best-of-N, said in the output): it estimates what the code can do, not what
 a busy machine gives.
@@ -44,6 +47,9 @@ from chainrt.concurrency._redis import _SHA, _Call
 TASKS = (1, 8, 64)
 RAW = "raw EVALSHA round trip ('return 1')"
 BIG_LIMIT = 1_000_000
+RUNNER_1 = "redis, as the runner releases, 1 key"
+RUNNER_100 = "redis, as the runner releases, 100 keys"
+RUNNER_LIMIT_1 = "redis, as the runner, 1 key, limit 1"
 Op = Callable[[int, int], Awaitable[None]]
 """One operation of task ``t`` at iteration ``i``."""
 
@@ -68,14 +74,20 @@ async def _rate(op: Op, tasks: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - start)
 
 
-def _pairs(limiter: Limiter, nkeys: int, limit: int = BIG_LIMIT) -> Op:
+def _pairs(limiter: Limiter, nkeys: int, limit: int = BIG_LIMIT, *, runner: bool = False) -> Op:
+    """Acquire + release; ``runner``: released as the runner gives back a step's keys
+    (``release_unconfirmed``: not waiting for Redis to confirm it), else awaited."""
     requests = [[KeyRequest(f"bench:{k}", limit)] for k in range(nkeys)]
 
     async def op(t: int, i: int) -> None:
         holding = await limiter.acquire(requests[(t + i) % nkeys], timeout_s=30, holder=f"t{t}")
         await holding.release()
 
-    return op
+    async def runner_op(t: int, i: int) -> None:
+        holding = await limiter.acquire(requests[(t + i) % nkeys], timeout_s=30, holder=f"t{t}")
+        await holding.release_unconfirmed()
+
+    return runner_op if runner else op
 
 
 def _row(case: str, tasks: int, rate: float, raw: float | None = None) -> None:
@@ -127,6 +139,9 @@ async def bench(url: str, seconds: float, rounds: int) -> None:
         "redis limiter pairs, 1 key": lambda: _pairs(redis_limiter, 1),
         "redis limiter pairs, 100 keys": lambda: _pairs(redis_limiter, 100),
         "redis limiter pairs, 1 key, limit 1": lambda: _pairs(redis_limiter, 1, limit=1),
+        RUNNER_1: lambda: _pairs(redis_limiter, 1, runner=True),
+        RUNNER_100: lambda: _pairs(redis_limiter, 100, runner=True),
+        RUNNER_LIMIT_1: lambda: _pairs(redis_limiter, 1, limit=1, runner=True),
         "local limiter pairs, 1 key": lambda: _pairs(local, 1),
         "local limiter pairs, 100 keys": lambda: _pairs(local, 100),
         "local limiter pairs, 1 key, limit 1": lambda: _pairs(local, 1, limit=1),

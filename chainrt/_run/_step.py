@@ -151,7 +151,7 @@ async def run_step(
             outcome = StepOutcome("failed", error=exc.message)
         finally:
             if holding is not None:
-                await holding.release()
+                await holding.release_unconfirmed()
     elapsed_ms = (time.perf_counter() - t0) * 1000
     return step_record(step, outcome, allot_ms, started_at, elapsed_ms, waits)
 

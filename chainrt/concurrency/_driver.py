@@ -106,6 +106,18 @@ class _Holding(Holding):
             await asyncio.shield(self._task)
             raise
 
+    async def release_unconfirmed(self) -> None:
+        """Give every key back without waiting for the store to confirm it where the limiter
+        can (see :meth:`Holding.release_unconfirmed`); otherwise the same as :meth:`release`."""
+        if (
+            self._task is None
+            and not self._released
+            and self._limiter._forget_unconfirmed(self._requests, self._member)
+        ):
+            self._released = True
+            return
+        await self.release()
+
 
 class BaseLimiter(Limiter):
     """Implements :meth:`acquire` on top of a backend's ``_try`` / ``_forget`` primitives."""
@@ -118,7 +130,7 @@ class BaseLimiter(Limiter):
         # name that follows keeps the stored state readable for operators.
         self._iid = os.urandom(8).hex()
         self._seq = itertools.count(1)
-        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self._closed = False
 
     # ------------------------------------------------------------------ backend primitives
@@ -135,6 +147,12 @@ class BaseLimiter(Limiter):
         so a try for ``member`` still on its way must not take a slot after this. Must not raise
         anything but a cancellation: a failure is logged (a Redis lease then lapses by itself).
         """
+
+    def _forget_unconfirmed(self, requests: Sequence[KeyRequest], member: str) -> bool:
+        """Send what gives ``member``'s keys back without waiting for it to land, ahead of
+        anything this limiter sends afterwards; False when the backend cannot (then
+        :meth:`_forget` is awaited instead). Failures are the backend's to retry or log."""
+        return False
 
     async def _before_wait(self) -> bool:
         """Prepare for a first sleep; True means "look again before sleeping"."""

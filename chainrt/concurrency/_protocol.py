@@ -92,6 +92,16 @@ class Holding(abc.ABC):
     async def release(self) -> None:
         """Give every key back (safe to call twice; survives cancellation of the caller)."""
 
+    async def release_unconfirmed(self) -> None:
+        """Give every key back, returning as soon as the release is on its way where the
+        limiter can tell it apart from its arrival (the Redis limiter on one node: the release
+        is sent, ahead of anything the same limiter sends afterwards, and its reply is checked in
+        the background; :meth:`Limiter.close` waits for it). Another process may still see the
+        keys held for up to one round trip. Other limiters: :meth:`release`. The runner gives a
+        step's keys back this way; use :meth:`release` where the keys must be free, as every
+        client sees them, when the call returns."""
+        await self.release()
+
     async def __aenter__(self) -> Holding:
         return self
 

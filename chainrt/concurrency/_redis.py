@@ -23,6 +23,7 @@ retried for up to ``cluster_retry_s``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import math
@@ -245,20 +246,22 @@ class RedisLimiter(BaseLimiter):
         try:
             result: Any = _NOT_SENT
             lean = self._lean
+            bare = True
             if lean is not None and wire is not None:
-                # The hot path (one node, its bare connections known): the packed call with no
-                # layer around it. A lost connection or a NOSCRIPT goes through the client below.
+                # The hot path (one node, its pipe known): the packed call with no layer around
+                # it. A lost connection goes through the client below, a NOSCRIPT through
+                # _script (which loads the scripts again).
                 try:
-                    (result,) = await lean.call([wire])
+                    result = await lean.pipelined(wire)
                 except LOST:
-                    result = _NOT_SENT
+                    result, bare = _NOT_SENT, False
                 else:
                     if isinstance(result, BaseException):
                         if not isinstance(result, NoScriptError):
                             raise result
                         result = _NOT_SENT
             if result is _NOT_SENT:
-                result = await self._eval_slowly(name, keys, args, wire, bare=lean is None)
+                result = await self._eval_slowly(name, keys, args, wire, bare=bare)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(
                 f"concurrency keys: Redis at {self._url} cannot be reached ({exc}); "
@@ -312,6 +315,8 @@ class RedisLimiter(BaseLimiter):
         on a bare connection if there is one (False: through the client only)."""
         if not self._lean_ready:
             self._lean_for_client()
+            if self._lean is not None:
+                await self._load_scripts(self._lean)
         lean = self._lean if bare else None
         if bare and self._masters is not None:
             lean = self._masters.for_key(keys[0])  # None: no master known for the slot now
@@ -323,7 +328,12 @@ class RedisLimiter(BaseLimiter):
             try:
                 if wire is None:
                     wire = pack("EVALSHA", _SHA[name], len(keys), *keys, *args)
-                (reply,) = await lean.call([wire])
+                if self._masters is None:
+                    # One node: every script call on the one pipe, so that they reach Redis in
+                    # the order they were made (a release not waited for comes before them).
+                    reply = await lean.pipelined(wire)
+                else:
+                    (reply,) = await lean.call([wire])
             except LOST:
                 if self._masters is not None:
                     await self._masters.refresh(lost=lean)
@@ -333,6 +343,7 @@ class RedisLimiter(BaseLimiter):
                 if self._masters is None:
                     if not isinstance(reply, NoScriptError):
                         raise reply
+                    await self._load_scripts(lean)  # the server lost them: all of them again
                 elif isinstance(reply, REDIRECTED):
                     await self._masters.refresh()
                 else:
@@ -343,6 +354,13 @@ class RedisLimiter(BaseLimiter):
             # First use on this server, or it restarted / failed over / flushed its scripts.
             # EVAL runs the script and caches it, on the node that serves these keys.
             return await self._client.eval(_SCRIPTS[name], len(keys), *keys, *args)
+
+    async def _load_scripts(self, lean: LeanRedis) -> None:
+        """Every script into the server's cache, in one round trip on the pipe, so that a
+        release sent without waiting (:meth:`_forget_unconfirmed`) finds its script. Best
+        effort: a failure here is met again, and reported, by the call that follows."""
+        loads = [lean.pipelined(pack("SCRIPT", "LOAD", src)) for src in _SCRIPTS.values()]
+        await asyncio.gather(*loads, return_exceptions=True)
 
     def _lean_for_client(self) -> None:
         """Bare connections like the client's, once it is known to be one node's plain client;
@@ -433,6 +451,35 @@ class RedisLimiter(BaseLimiter):
                     self.lease_ttl_s,
                 )
 
+    def _forget_unconfirmed(self, requests: Sequence[KeyRequest], member: str) -> bool:
+        """On one node with the pipe open: send a FORGET per key and return at once (the keys
+        stop being renewed now). Each reply is checked when it comes; a FORGET that failed or
+        whose outcome is unknown (NOSCRIPT, a lost connection) is sent again the awaited way in
+        the background (FORGET is idempotent); :meth:`close` waits for all of them."""
+        lean = self._lean
+        if lean is None or self._client_closed:
+            return False
+        middle = _bulk(member.encode()) + b"$1\r\n0\r\n"
+        for req in requests:
+            wire = (self._calls.get(req) or self._call(req)).forget_wire
+            future = lean.send_unconfirmed(wire[0] + middle + wire[1])
+            if future is None:  # no pipe: the awaited release opens one (and sends all again)
+                return False
+            self._background.add(future)
+            future.add_done_callback(functools.partial(self._unconfirmed_done, req, member))
+        for req in requests:
+            self._untrack(req.key, member)
+        return True
+
+    def _unconfirmed_done(self, req: KeyRequest, member: str, future: asyncio.Future[Any]) -> None:
+        self._background.discard(future)
+        failed = future.cancelled() or future.exception() is not None
+        if not failed and not isinstance(future.result(), BaseException):
+            return  # given back
+        # Not applied (NOSCRIPT: the script cache was flushed) or not known to be: again, the
+        # way an awaited release goes (EVAL on NOSCRIPT, a new connection, a logged failure).
+        self._spawn(self._forget([req], member, undo=False))
+
     async def _before_wait(self) -> bool:
         return await self._waker.ensure_ready(self.poll_s)
 
@@ -516,7 +563,7 @@ class RedisLimiter(BaseLimiter):
                 leftovers.setdefault(member, []).append(req)
         for member, reqs in leftovers.items():
             await self._forget(reqs, member, undo=False)
-        if self._background:
+        while self._background:  # (a release not waited for may start one more when it ends)
             await asyncio.wait(list(self._background))
         await self._waker.close()
         self._client_closed = True

@@ -128,6 +128,15 @@ class LeanRedis:
             return self._open_and_send(command)
         return pipe.send(command)
 
+    def send_unconfirmed(self, command: bytes) -> asyncio.Future[Any] | None:
+        """Send one packed ``command`` on the open pipe and return its reply's future at once:
+        the command goes out before anything pipelined after it. None (nothing sent) when no
+        pipe is open or the last one broke: the caller awaits :meth:`pipelined` instead."""
+        pipe = self._pipe
+        if pipe is None or pipe.error is not None or self._closed:
+            return None
+        return pipe.send(command)
+
     async def _open_and_send(self, command: bytes) -> Any:
         pipe = await self._open_pipe()
         return await pipe.send(command)

@@ -101,6 +101,19 @@ class LimiterConformance:
         await holding.release()  # idempotent
         await self.assert_empty(limiter, leftovers, "user:u1")
 
+    async def test_a_release_not_waited_for_comes_before_what_follows(
+        self, limiter: Limiter, leftovers: Leftovers
+    ) -> None:
+        keys = [KeyRequest("a", 1), KeyRequest("b", 1)]
+        holding = await limiter.acquire(keys, timeout_s=0, holder="h0")
+        for i in range(1, 30):
+            await holding.release_unconfirmed()
+            # Limit 1, no time to wait: granted only if the release reached the backend first.
+            holding = await limiter.acquire(keys, timeout_s=0, holder=f"h{i}")
+        await holding.release_unconfirmed()
+        await holding.release()  # a no-op now
+        await self.assert_empty(limiter, leftovers, "a", "b")
+
     async def test_async_context_manager_releases(
         self, limiter: Limiter, leftovers: Leftovers
     ) -> None:
