@@ -203,3 +203,23 @@ async def test_close_fails_what_is_in_flight_and_later_calls(redis_url: str) -> 
         assert await _clients(client) == before
     finally:
         await client.aclose()
+
+
+async def test_a_reply_in_many_reads_and_many_replies_in_one_read(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    lean = LeanRedis(client, timeout_s=5.0)
+    big = b"x\r\n" * 400_000  # 1.2 MB: many socket reads; CRLFs inside are data
+    try:
+        assert await lean.pipelined(pack("SET", "pipe:big", big)) == b"OK"
+        replies = await asyncio.gather(
+            lean.pipelined(pack("GET", "pipe:big")),
+            *(lean.pipelined(pack("ECHO", f"e{i}")) for i in range(200)),
+            lean.pipelined(pack("STRLEN", "pipe:big")),
+        )
+        assert replies[0] == big
+        assert replies[1:-1] == [f"e{i}".encode() for i in range(200)]
+        assert replies[-1] == len(big)
+    finally:
+        await client.delete("pipe:big")
+        await lean.aclose()
+        await client.aclose()

@@ -15,6 +15,10 @@ nobody asked for breaks the pipe: every command still in flight fails with redis
 send again), the connection is closed and never read again, and the owner opens a new pipe for
 the next command. A caller that stops waiting (cancelled) leaves its reply to be read and dropped:
 the connection stays in step.
+
+Replies are handed out from the transport's ``data_received`` callback (the pipe takes the
+transport over from the connection's stream protocol): a reply reaches its caller in the loop turn
+after it arrives, with no reader task in between (issue 18).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._resp import read_reply
+from ._resp_parse import INCOMPLETE, ReplyParser
 
 __all__ = ["Pipe"]
 
@@ -52,7 +56,14 @@ class Pipe:
         self.error: BaseException | None = None
         """Why the pipe broke; None while it works."""
         self._closing: asyncio.Task[None] | None = None
-        self._reader = self._loop.create_task(self._read(), name="chainrt-redis-pipe")
+        self._parser = ReplyParser(conn)
+        transport = self._writer.transport
+        stream = transport.get_protocol()
+        leftover = bytes(conn._reader._buffer)  # (none: the handshake's replies were read)
+        conn._reader._buffer.clear()
+        transport.set_protocol(_Replies(self, stream))
+        if leftover:
+            self.received(leftover)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         """Write ``command`` (one packed command) now or at the end of this loop turn; the
@@ -79,24 +90,32 @@ class Pipe:
         if batch and self.error is None:
             self._writer.write(b"".join(batch))
 
-    async def _read(self) -> None:
-        waiting = self._waiting
+    def received(self, data: bytes) -> None:
+        """Bytes from the connection: every whole reply in them goes to its caller now."""
+        if self.error is not None:
+            return
+        parser, waiting = self._parser, self._waiting
+        parser.feed(data)
         try:
-            while True:
-                reply = await read_reply(self._conn)
+            while (reply := parser.next()) is not INCOMPLETE:
                 if not waiting:
                     raise InvalidResponse(f"a reply nobody asked for: {reply!r}")
                 future, _ = waiting.popleft()
                 if not future.done():  # (done: its caller stopped waiting)
                     future.set_result(reply)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             if not isinstance(exc, RedisConnectionError | RedisTimeoutError):
                 exc = RedisConnectionError(
                     f"the Redis connection broke: {type(exc).__name__}: {exc}"
                 )
             self.fail(exc)
+
+    def lost(self, exc: BaseException | None) -> None:
+        """The connection is gone (closed by the server, a socket error, or by this pipe)."""
+        if exc is None:
+            self.fail(RedisConnectionError("Connection closed by server."))
+        else:
+            self.fail(RedisConnectionError(f"Error while reading from socket: {exc}"))
 
     def _check_due(self) -> None:
         """The timer: break the pipe if the oldest reply is overdue, else wait for it."""
@@ -125,8 +144,6 @@ class Pipe:
                 # their tracebacks.
                 future.set_exception(type(error)(*error.args))
                 future.exception()  # retrieved here: a caller that stopped waiting never reads it
-        if self._reader is not asyncio.current_task():
-            self._reader.cancel()
         if not self._loop.is_closed():
             self._closing = self._loop.create_task(self._disconnect())
 
@@ -137,7 +154,32 @@ class Pipe:
     async def aclose(self) -> None:
         """Break the pipe (if it is not) and wait until its connection is closed."""
         self.fail(RedisConnectionError("the Redis pipe was closed"))
-        for task in (self._reader, self._closing):
-            if task is not None and task is not asyncio.current_task():
-                with contextlib.suppress(BaseException):
-                    await task
+        if self._closing is not None and self._closing is not asyncio.current_task():
+            with contextlib.suppress(BaseException):
+                await self._closing
+
+
+class _Replies(asyncio.Protocol):
+    """The transport's protocol once the pipe owns the connection: received bytes go to the
+    pipe; the connection's stream protocol still hears of flow control and of the end (so that
+    redis-py's close and ``drain`` behave as they did)."""
+
+    def __init__(self, pipe: Pipe, stream: Any) -> None:
+        self._pipe = pipe
+        self._stream = stream
+
+    def data_received(self, data: bytes) -> None:
+        self._pipe.received(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._pipe.lost(exc)
+        self._stream.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._stream.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._stream.resume_writing()

@@ -19,7 +19,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 
-__all__ = ["read_reply", "write"]
+__all__ = ["error_reply", "read_reply", "write"]
 
 _CLOSED = "Connection closed by server."  # redis-py's words for it
 
@@ -68,7 +68,7 @@ async def _value(conn: Any, reader: asyncio.StreamReader, line: bytes) -> Any:
     if kind == b"+":
         return conn.encoder.decode(body)
     if kind == b"-":
-        return _error(conn, body)
+        return error_reply(conn, body)
     if kind == b"_":
         return None
     if kind == b"%":
@@ -82,7 +82,7 @@ async def _value(conn: Any, reader: asyncio.StreamReader, line: bytes) -> Any:
     if kind == b"#":
         return body == b"t"
     if kind == b"!":
-        return _error(conn, (await reader.readexactly(int(body) + 2))[:-2])
+        return error_reply(conn, (await reader.readexactly(int(body) + 2))[:-2])
     if kind == b"=":
         return conn.encoder.decode((await reader.readexactly(int(body) + 2))[4:-2])
     if kind == b">":  # an out-of-band push (no handler here): skipped, the reply follows it
@@ -92,7 +92,9 @@ async def _value(conn: Any, reader: asyncio.StreamReader, line: bytes) -> Any:
     raise InvalidResponse(f"Protocol Error: {line!r}")
 
 
-def _error(conn: Any, body: bytes) -> Any:
+def error_reply(conn: Any, body: bytes) -> Any:
+    """The exception redis-py makes of error reply ``body``: returned, or raised for the
+    ``ConnectionError`` kinds (``LOADING`` and the like)."""
     error = conn._parser.parse_error(body.decode("utf-8", errors="replace"))
     if isinstance(error, RedisConnectionError):
         raise error
