@@ -1,5 +1,7 @@
-"""The pipe's reply parser (chainrt.store._resp_parse) gives what the awaited reader
-(chainrt.store._resp.read_reply) gives for the same bytes, however they are cut into chunks."""
+"""The reply parser (chainrt.store._resp_parse) gives the same replies for the same bytes fed
+straight in (the pipe) or read from a stream (chainrt.store._resp.read_replies, a bare
+connection), however they are cut into chunks. tests/test_redis_lean.py checks them against
+redis-py's own parsers on a real server."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from redis.asyncio import Connection
 from redis.exceptions import BusyLoadingError, InvalidResponse, NoScriptError, ResponseError
 
-from chainrt.store._resp import read_reply
+from chainrt.store._resp import read_replies
 from chainrt.store._resp_parse import INCOMPLETE, ReplyParser
 
 REPLIES = [
@@ -48,7 +50,7 @@ async def _awaited(conn: Connection, data: bytes, count: int) -> list[Any]:
     reader.feed_data(data)
     reader.feed_eof()
     conn._reader = reader
-    return [await read_reply(conn) for _ in range(count)]
+    return await read_replies(conn, count)
 
 
 def _parsed(conn: Connection, chunks: list[bytes]) -> list[Any]:

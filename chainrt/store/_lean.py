@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._pipe import Pipe
-from ._resp import read_reply, write
+from ._resp import read_replies, write
 from ._watchdog import Watchdog
 
 __all__ = ["LeanRedis", "pack", "pack_args"]
@@ -190,6 +190,4 @@ async def _exchange(conn: Any, command: list[bytes], replies: int) -> list[Any]:
     if not conn.is_connected:
         await conn.connect()
     await write(conn, command)
-    if replies == 1:
-        return [await read_reply(conn)]
-    return [await read_reply(conn) for _ in range(replies)]
+    return await read_replies(conn, replies)

@@ -2,26 +2,27 @@
 
 redis-py reads a reply through four layers of coroutines (connection, parser, line reader,
 stream), formats a description of the host for every reply and decodes bulk strings one by one:
-on a 2-CPU machine about as much Python per round trip as the limiter's own code. Here a reply is
-read with one coroutine and the stream's own ``readuntil`` / ``readexactly``. What comes back is
-what redis-py's parsers (RESP2 and RESP3) hand back for the same bytes: the same Python types,
-bulk and simple strings decoded as the connection's encoder decodes them, an error reply as the
-exception redis-py makes of it (returned, or raised where redis-py raises it: the
-``ConnectionError`` kinds such as ``LOADING``), a lost connection as redis-py's
-``ConnectionError``. Only for connections that nothing else reads from (:class:`._lean.LeanRedis`).
+on a 2-CPU machine about as much Python per round trip as the limiter's own code. Here the bytes
+are read with the stream's own ``read`` and parsed by :class:`._resp_parse.ReplyParser` (the one
+RESP reader of the hot path, which the pipe uses too). What comes back is what redis-py's parsers
+(RESP2 and RESP3) hand back for the same bytes: see :mod:`._resp_parse`; a lost connection is
+redis-py's ``ConnectionError``. Only for connections that nothing else reads from
+(:class:`._lean.LeanRedis`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 
-__all__ = ["error_reply", "read_reply", "write"]
+from ._resp_parse import INCOMPLETE, ReplyParser
+
+__all__ = ["read_replies", "write"]
 
 _CLOSED = "Connection closed by server."  # redis-py's words for it
+_CHUNK = 65536
 
 
 async def write(conn: Any, command: list[bytes]) -> None:
@@ -37,65 +38,25 @@ async def write(conn: Any, command: list[bytes]) -> None:
         raise RedisConnectionError(f"Error while writing to socket: {exc}") from exc
 
 
-async def read_reply(conn: Any) -> Any:
-    """Read one whole reply from ``conn``; see the module's docstring for what it returns."""
-    reader: asyncio.StreamReader = conn._reader
+async def read_replies(conn: Any, count: int) -> list[Any]:
+    """Read ``count`` whole replies from ``conn``: what the commands written on it answer.
+    Bytes past them (nothing may follow on a connection nobody else reads) are a protocol
+    error: the caller drops the connection."""
+    reader = conn._reader
+    parser = ReplyParser(conn)
+    out: list[Any] = []
     try:
-        line = await reader.readuntil(b"\r\n")
-        if line[0] == 58:  # b":" an integer: the answer of most hot-path scripts
-            return int(line[1:-2])
-        return await _value(conn, reader, line)
-    except asyncio.IncompleteReadError as exc:
-        raise RedisConnectionError(_CLOSED) from exc
+        while len(out) < count:
+            reply = parser.next()
+            if reply is not INCOMPLETE:
+                out.append(reply)
+                continue
+            data = await reader.read(_CHUNK)
+            if not data:
+                raise RedisConnectionError(_CLOSED)
+            parser.feed(data)
     except OSError as exc:
         raise RedisConnectionError(f"Error while reading from socket: {exc}") from exc
-
-
-async def _value(conn: Any, reader: asyncio.StreamReader, line: bytes) -> Any:
-    kind, body = line[:1], line[1:-2]
-    if kind == b":" or kind == b"(":
-        return int(body)
-    if kind == b"$":
-        size = int(body)
-        if size < 0:  # RESP2's null
-            return None
-        return conn.encoder.decode((await reader.readexactly(size + 2))[:-2])
-    if kind == b"*" or kind == b"~":
-        size = int(body)
-        if size < 0:
-            return None
-        return [await _value(conn, reader, await reader.readuntil(b"\r\n")) for _ in range(size)]
-    if kind == b"+":
-        return conn.encoder.decode(body)
-    if kind == b"-":
-        return error_reply(conn, body)
-    if kind == b"_":
-        return None
-    if kind == b"%":
-        out = {}
-        for _ in range(int(body)):
-            key = await _value(conn, reader, await reader.readuntil(b"\r\n"))
-            out[key] = await _value(conn, reader, await reader.readuntil(b"\r\n"))
-        return out
-    if kind == b",":
-        return float(body)
-    if kind == b"#":
-        return body == b"t"
-    if kind == b"!":
-        return error_reply(conn, (await reader.readexactly(int(body) + 2))[:-2])
-    if kind == b"=":
-        return conn.encoder.decode((await reader.readexactly(int(body) + 2))[4:-2])
-    if kind == b">":  # an out-of-band push (no handler here): skipped, the reply follows it
-        for _ in range(int(body)):
-            await _value(conn, reader, await reader.readuntil(b"\r\n"))
-        return await _value(conn, reader, await reader.readuntil(b"\r\n"))
-    raise InvalidResponse(f"Protocol Error: {line!r}")
-
-
-def error_reply(conn: Any, body: bytes) -> Any:
-    """The exception redis-py makes of error reply ``body``: returned, or raised for the
-    ``ConnectionError`` kinds (``LOADING`` and the like)."""
-    error = conn._parser.parse_error(body.decode("utf-8", errors="replace"))
-    if isinstance(error, RedisConnectionError):
-        raise error
-    return error
+    if parser.pending():
+        raise InvalidResponse("bytes after the replies asked for")
+    return out

@@ -1,21 +1,23 @@
 """Whole RESP replies taken from the bytes a connection has received so far, without awaiting.
 
-The pipe (:mod:`._pipe`) hands each reply to its caller from the transport's ``data_received``
-callback: no reader task between the socket and the caller, so a reply reaches its caller one loop
-turn sooner. What comes back is what :func:`._resp.read_reply` returns for the same bytes (the
-same types and decoding, an error reply as redis-py's exception: returned, or raised for the
-``ConnectionError`` kinds); a protocol violation raises redis-py's ``InvalidResponse``.
+The one RESP reader of the hot path: the pipe (:mod:`._pipe`) hands each reply to its caller from
+the transport's ``data_received`` callback (no reader task between the socket and the caller, so a
+reply reaches its caller one loop turn sooner), and :func:`._resp.read_replies` feeds it what it
+reads from a bare connection's stream. What comes back is what redis-py's parsers (RESP2 and
+RESP3) hand back for the same bytes: the same Python types, bulk and simple strings decoded as the
+connection's encoder decodes them, an error reply as the exception redis-py makes of it (returned,
+or raised where redis-py raises it: the ``ConnectionError`` kinds such as ``LOADING``); a protocol
+violation raises redis-py's ``InvalidResponse``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 
-from ._resp import error_reply
-
-__all__ = ["INCOMPLETE", "ReplyParser"]
+__all__ = ["INCOMPLETE", "ReplyParser", "error_reply"]
 
 INCOMPLETE: Any = object()
 """What :meth:`ReplyParser.next` returns while the next reply has not fully arrived."""
@@ -42,6 +44,10 @@ class ReplyParser:
             self._buf, self._pos = data, 0
         else:
             self._buf, self._pos = self._buf[self._pos :] + data, 0
+
+    def pending(self) -> bool:
+        """Whether bytes past the last whole reply are buffered."""
+        return self._pos < len(self._buf)
 
     def next(self) -> Any:
         """The next whole reply, or :data:`INCOMPLETE` (nothing consumed) until it has come."""
@@ -117,3 +123,12 @@ def _take(buf: bytes, start: int, size: int) -> bytes:
     if len(buf) < start + size + 2:
         raise _Short
     return buf[start : start + size]
+
+
+def error_reply(conn: Any, body: bytes) -> Any:
+    """The exception redis-py makes of error reply ``body``: returned, or raised for the
+    ``ConnectionError`` kinds (``LOADING`` and the like)."""
+    error = conn._parser.parse_error(body.decode("utf-8", errors="replace"))
+    if isinstance(error, RedisConnectionError):
+        raise error
+    return error
