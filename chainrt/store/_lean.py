@@ -123,10 +123,8 @@ class LeanRedis:
         pipelined call, see :mod:`._pipe`); await its reply. Fails as :meth:`call` does (a
         broken pipe is replaced by a new one at the next call). With the pipe open, what is
         awaited is the reply's future itself (no coroutine around it, issue 18)."""
-        pipe = self._pipe
-        if pipe is None or pipe.error is not None:
-            return self._open_and_send(command)
-        return pipe.send(command)
+        future = self.send_unconfirmed(command)
+        return self._open_and_send(command) if future is None else future
 
     def send_unconfirmed(self, command: bytes) -> asyncio.Future[Any] | None:
         """Send one packed ``command`` on the open pipe and return its reply's future at once:
