@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from workers.engines import ChatMessage, GenerationRequest, get_local_engine
+from chainrt.engines import ChatMessage, GenerationRequest, get_local_engine
 
 __all__ = ["Capacity", "headroom", "measure"]
 

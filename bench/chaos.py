@@ -1,10 +1,13 @@
 """The crash drill, many times: runners killed with ``kill -9`` at random moments, runs resumed.
 
     .venv/bin/python bench/chaos.py [--runs 1000] [--store redis://...] [--jobs 2]
-        [--cli-every 0] [--lease-ttl 10] [--foreign-hosts] [--seed N]
+        [--chain straight|flow] [--cli-every 0] [--lease-ttl 10] [--foreign-hosts] [--seed N]
 
-Each run is the 60-step drill chain (tests/data/drill/chain.yaml) on the store; its runner
-process is killed after a random delay, resumed by a new process (killed too, at times) until
+Each run is the 60-step drill chain (tests/data/drill/chain.yaml) on the store (``--chain flow``:
+tests/data/drill/flow.yaml, a switch whose branch the seed picks, parallel groups joined on all
+and on any, a map; then inner steps are judged by their paths and the switch's recorded choice
+must never change); its runner process is killed after a random delay, resumed by a new
+process (killed too, at times) until
 the run completes; then the run is verified (see chainrt.testing.drill). Prints the counts: runs,
 kills, resumes, completed, wrong outputs, steps re-run after their record was written, the most
 runs of one step, and every problem found. Without --store it starts a private redis-server
@@ -28,7 +31,8 @@ from _redis import add_persistence_flag
 from chainrt.store import redact_url
 from chainrt.testing.drill import Drill, DrillOptions, DrillStats
 
-CHAIN = Path(__file__).resolve().parent.parent / "tests" / "data" / "drill" / "chain.yaml"
+DRILL = Path(__file__).resolve().parent.parent / "tests" / "data" / "drill"
+CHAINS = {"straight": DRILL / "chain.yaml", "flow": DRILL / "flow.yaml"}
 
 
 _LOCK = threading.Lock()  # guards the shared DrillStats
@@ -50,7 +54,8 @@ def _worker(
 
 def _drill(store_url: str, args: argparse.Namespace, log_dir: Path) -> DrillStats:
     options = DrillOptions(
-        chain=CHAIN,
+        chain=CHAINS[args.chain],
+        flow=args.chain == "flow",
         store_url=store_url,
         log_dir=log_dir,
         lease_ttl_s=args.lease_ttl,
@@ -76,6 +81,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument(
+        "--chain",
+        choices=sorted(CHAINS),
+        default="straight",
+        help="straight: 60 steps in a row; flow: a switch, parallel groups (join all, any), a map",
+    )
     parser.add_argument("--store", help="store URL (default: a private redis-server)")
     parser.add_argument("--jobs", type=int, default=2, help="runs drilled in parallel")
     parser.add_argument(
@@ -107,7 +118,8 @@ def main() -> int:
     elapsed = time.perf_counter() - started
     print(f"store                      {redact_url(store)}")
     print(
-        f"seed                       {args.seed} (jobs {args.jobs}, lease TTL {args.lease_ttl:g}s"
+        f"seed                       {args.seed} ({args.chain} chain, jobs {args.jobs}, "
+        f"lease TTL {args.lease_ttl:g}s"
         f"{', foreign hosts' if args.foreign_hosts else ''})"
     )
     print("\n".join(stats.lines()))

@@ -41,8 +41,8 @@ import redis.asyncio as aredis
 from _redis import add_persistence_flag, persistence_label, private_server
 
 from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, RedisLimiter, SQLiteLimiter
-from chainrt.concurrency._keys import DEFAULT_PREFIX
 from chainrt.concurrency._redis import _SHA, _Call
+from chainrt.redis.keys import LIMITER_PREFIX
 
 TASKS = (1, 8, 64)
 RAW = "raw EVALSHA round trip ('return 1')"
@@ -121,7 +121,7 @@ async def bench(url: str, seconds: float, rounds: int) -> None:
 
     # The limiter's two scripts called bare (no limiter code around them): what the Python of
     # the limiter adds is the difference between this line and the limiter's.
-    try_forget = _Call.build(KeyRequest("bench:bare", BIG_LIMIT), DEFAULT_PREFIX, 10_000.0, "x:")
+    try_forget = _Call.build(KeyRequest("bench:bare", BIG_LIMIT), LIMITER_PREFIX, 10_000.0, "x:")
 
     async def scripts_op(t: int, i: int) -> None:
         member = f"bench:{t}:{i}".encode()

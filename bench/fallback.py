@@ -3,6 +3,7 @@
     .venv/bin/python bench/fallback.py [--runs 2000] [--concurrency 4]
         [--modes off,retry,on,on-faulty] [--error-rate 0.05] [--spike-ms 800] [--spike-every 3]
         [--spike-for 1] [--budget 3s] [--steps 3] [--scenario faults|hung] [--load-cores N]
+        [--breakdown] [--show-failures N]
 
 ``--scenario hung``: no injected errors or spikes; instead one of the two primary workers
 accepts every request and never answers (fault ``hang``) for the whole run — the case where the
@@ -37,8 +38,14 @@ runner and one dispatcher per mode:
 A run counts as *answered* only when it completed and every step's answer names Paris (the
 model's answer at temperature 0, checked, not assumed); *completed* runs whose answers fail the
 check are counted apart. Prints per mode: answered and completed rates, p50/p99 run latency, how
-steps were answered, and how the failing steps' tries ended. Goal: >= 99.9 % answered with
-fallbacks on.
+steps were answered, how the failing steps' tries ended, and how many failed steps were
+*avoidable*: their allotment could hold a healthy primary answer and the fallback's (or the
+retry's) behind it, at the capacity measured before the modes — a failure of such a step is
+dispatch's, not the load's. ``--breakdown`` prints each failed step's attempts
+(``bench/_fallback_trace.py``): when each started in the step and how long it ran, its endpoint,
+how long that endpoint had been in a spike when the attempt started (negative: the spike began
+during the attempt), and the attempts of the same model already in flight (for the in-process
+fallback, its queue at the moment of fallback). Goal: >= 99.9 % answered with fallbacks on.
 
 The default concurrency is 4 (2 for ``--scenario hung``) because each worker runs one llama.cpp
 generation at a time and all engines (the workers and the in-process fallback) share the
@@ -65,14 +72,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _capacity import headroom, measure  # noqa: E402
+from _capacity import Capacity, headroom, measure  # noqa: E402
+from _fallback_trace import AttemptTrace, SpikeLog, avoidable, breakdown  # noqa: E402
 from _workers import BenchWorker, local_workers  # noqa: E402
 
 from chainrt._durations import parse_duration_ms  # noqa: E402
 from chainrt._runtime import open_runtime  # noqa: E402
 from chainrt.dispatch import make_dispatcher, parse_pool_config  # noqa: E402
+from chainrt.engines import get_local_engine  # noqa: E402
 from chainrt.spec import spec_from_dict  # noqa: E402
-from workers.engines import get_local_engine  # noqa: E402
 
 MODES: dict[str, dict[str, Any]] = {
     "off": {"fallbacks": [], "retry": {"attempts": 1}},
@@ -122,7 +130,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _spikes(
-    workers: list[BenchWorker], every_s: float, for_s: float, spike_ms: float
+    workers: list[BenchWorker], every_s: float, for_s: float, spike_ms: float, log: SpikeLog
 ) -> None:
     async with httpx.AsyncClient() as client:
         turn = 0
@@ -131,10 +139,12 @@ async def _spikes(
             worker = workers[turn % len(workers)]
             turn += 1
             await worker.afaults(client, latency_ms=spike_ms)
+            log.begin(worker.base)
             try:
                 await asyncio.sleep(for_s)
             finally:
                 await asyncio.shield(worker.afaults(client, latency_ms=0))
+                log.end(worker.base)
 
 
 async def _mode(
@@ -143,6 +153,7 @@ async def _mode(
     workers: list[BenchWorker],
     backup: BenchWorker | None,
     store: str,
+    capacity: Capacity,
 ) -> str:
     endpoints = ", ".join(f"{{url: '{w.base}'}}" for w in workers)
     text = f"models:\n  primary:\n    served_model: smol\n    endpoints: [{endpoints}]\n"
@@ -150,6 +161,8 @@ async def _mode(
         text += f"  backup:\n    served_model: smol\n    endpoints: [{{url: '{backup.base}'}}]\n"
     pool = parse_pool_config(text + "health: {interval: 500ms, timeout: 300ms}\n")
     dispatcher = make_dispatcher(pool)
+    trace = AttemptTrace(dispatcher)
+    spike_log = SpikeLog()
     names = STEP_NAMES[: args.steps]
     spec = spec_from_dict(_chain(mode, args.budget, names))
     latencies: list[float] = []
@@ -159,11 +172,15 @@ async def _mode(
     reasons: collections.Counter[str] = collections.Counter()
     gate = asyncio.Semaphore(args.concurrency)
     shown: list[str] = []
+    failed_steps = 0
+    avoidable_steps = 0
+    where: list[str] = []
+    fallback_s = capacity.local_shared_s if mode == "on" else capacity.primary_shared_s
     try:
         async with open_runtime(store=store, pool=dispatcher) as runtime:
 
             async def one(i: int) -> None:
-                nonlocal wrong
+                nonlocal wrong, failed_steps, avoidable_steps
                 async with gate:
                     started = time.perf_counter()
                     result = await runtime.runner.run(spec, {"q": QUESTION}, run_id=f"{mode}-{i}")
@@ -185,6 +202,16 @@ async def _mode(
                 if stopped is not None:
                     # e.g. "primary:5xx > local:timeout": how the failing step's tries ended
                     reasons[" > ".join(f"{a.model}:{a.status}" for a in stopped.attempt_log)] += 1
+                    failed_steps += 1
+                    if avoidable(stopped.allotted_ms, capacity.primary_shared_s, fallback_s):
+                        avoidable_steps += 1
+                    if args.breakdown:
+                        entries = trace.by_step.get((result.run_id, stopped.step_id), [])
+                        start = stopped.started_at or (entries[0].start if entries else 0.0)
+                        where.append(
+                            f"  {result.run_id}/{stopped.step_id} [{stopped.allotted_ms:.0f}ms]: "
+                            + breakdown(entries, start, spike_log)
+                        )
                 if len(shown) < args.show_failures:
                     shown.append(
                         f"  {result.run_id} ({latencies[-1]:.0f} ms): "
@@ -202,7 +229,9 @@ async def _mode(
 
             groups = [workers] if backup is None else [workers, [backup]]
             spikes = [
-                asyncio.create_task(_spikes(group, args.spike_every, args.spike_for, args.spike_ms))
+                asyncio.create_task(
+                    _spikes(group, args.spike_every, args.spike_for, args.spike_ms, spike_log)
+                )
                 for group in groups
                 if args.spike_ms > 0
             ]
@@ -230,7 +259,14 @@ async def _mode(
         line += "\n       failed steps ended: " + "; ".join(
             f"{n}x {r}" for r, n in reasons.most_common(4)
         )
-    return "\n".join([line, *shown])
+    if failed_steps:
+        line += (
+            f"\n       avoidable: {avoidable_steps} of {failed_steps} failed steps "
+            f"({avoidable_steps / failed_steps * 100:.0f} %) had an allotment that could hold a "
+            f"healthy primary answer ({capacity.primary_shared_s * 1000:.0f} ms) and the "
+            f"fallback's ({fallback_s * 1000:.0f} ms) behind it"
+        )
+    return "\n".join([line, *shown, *where])
 
 
 async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[str]:
@@ -262,6 +298,7 @@ async def _main(args: argparse.Namespace, workers: list[BenchWorker]) -> list[st
                 primaries,
                 backup if mode == "on-faulty" else None,
                 f"sqlite:///{tmp}/{mode}.db",
+                capacity,
             )
             print(line, flush=True)
             lines.append(line)
@@ -285,6 +322,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--show-failures", type=int, default=0, help="print N failed runs' attempts"
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="print each failed step's attempts: start offset + length, spike age, queue joined",
     )
     parser.add_argument(
         "--scenario",

@@ -50,7 +50,7 @@ CHATML = (
 def import_engine() -> types.SimpleNamespace:
     """TorchEngine, GenerationRequest, EngineOOM and ContextLengthExceeded, without pydantic.
 
-    ``chainrt/__init__`` and ``workers/engines/__init__`` import pydantic-based modules; where
+    ``chainrt/__init__`` and ``chainrt/engines/__init__`` import pydantic-based modules; where
     pydantic is missing (a bare GPU host) those packages are registered bare, so that only the
     stdlib-only modules the torch engine needs are loaded.
     """
@@ -61,16 +61,15 @@ def import_engine() -> types.SimpleNamespace:
     except ImportError:
         for name, folder in (
             ("chainrt", "chainrt"),
-            ("workers", "workers"),
-            ("workers.engines", "workers/engines"),
+            ("chainrt.engines", "chainrt/engines"),
         ):
             if name not in sys.modules:
                 package = types.ModuleType(name)
                 package.__path__ = [str(ROOT / folder)]
                 sys.modules[name] = package
     from chainrt._errors import EngineOOM
-    from workers.engines._base import ContextLengthExceeded, GenerationRequest
-    from workers.engines._torch import TorchEngine
+    from chainrt.engines._base import ContextLengthExceeded, GenerationRequest
+    from chainrt.engines._torch import TorchEngine
 
     return types.SimpleNamespace(
         TorchEngine=TorchEngine,

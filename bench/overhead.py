@@ -62,7 +62,7 @@ async def _raw_samples(url: str, n: int = 2000) -> tuple[list[float], str]:
     if url.startswith(("redis://", "rediss://")):
         import redis.asyncio as aioredis
 
-        from chainrt.store._cluster import split_options
+        from chainrt.redis import split_options
 
         # One node, no keys: on a cluster, the round trip to the node the URL names.
         client = aioredis.Redis.from_url(split_options(url)[0])

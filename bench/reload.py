@@ -60,7 +60,7 @@ from _workers import BenchWorker  # noqa: E402
 from openai import OpenAI  # noqa: E402
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
-from workers.engines import resolve_model_path  # noqa: E402
+from chainrt.engines import resolve_model_path  # noqa: E402
 
 TOKEN = "bench-reload-token-0123456789"
 

@@ -50,8 +50,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gpu_oom import build_random_model  # noqa: E402
 
-from workers.engines._base import ChatMessage, GenerationRequest  # noqa: E402
-from workers.engines._torch import TorchEngine  # noqa: E402
+from chainrt.engines._base import ChatMessage, GenerationRequest  # noqa: E402
+from chainrt.engines._torch import TorchEngine  # noqa: E402
 from workers.server._health import probe_engine  # noqa: E402
 
 
@@ -274,8 +274,8 @@ def profile_next_generation(engine: TorchEngine) -> None:
 
 
 def _stop_job(engine: TorchEngine) -> Any:
-    from workers.engines._bridge import EngineJob
-    from workers.engines._threaded import _STOP_PRIORITY
+    from chainrt.engines._bridge import EngineJob
+    from chainrt.engines._threaded import _STOP_PRIORITY
 
     return EngineJob(_STOP_PRIORITY, next(engine._seq), "stop")
 

@@ -1,6 +1,7 @@
 """The runner of two checkouts side by side: CPU per step, steps/s and memory, in paired rounds.
 
     .venv/bin/python bench/step_ab.py --base REF [--level 64] [--steps 100] [--rounds 24]
+                                         [--store redis|sqlite|redis-cluster]
 
 On a shared 2-CPU machine the same code's steps/s moves by a third from one minute to the next
 (``docs/performance.md``, round 13), more than most changes to the step path. Here a change is
@@ -12,6 +13,8 @@ bench prints each side's CPU us per step and durable steps/s (medians over the r
 median and quartiles of the per-round ratios (this working tree over the base), with a 95 %
 interval for the median. Last, the bytes per step one run holds in memory just before its last
 step is written (its step records and results so far; tracemalloc, one run of ``--steps``).
+``--store sqlite`` gives each side a SQLite file of its own (in a temporary directory) instead;
+``--store redis-cluster`` a private local Redis Cluster each (3 masters, no replicas, AOF).
 """
 
 from __future__ import annotations
@@ -89,6 +92,12 @@ def main() -> None:
     parser.add_argument("--level", type=int, default=64, help="runs at once (default 64)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument(
+        "--store",
+        choices=("redis", "sqlite", "redis-cluster"),
+        default="redis",
+        help="the store (default redis)",
+    )
     args = parser.parse_args()
     if args.level < 1 or args.steps < 2 or args.rounds < 2:
         parser.error("--level needs at least 1, --steps and --rounds at least 2")
@@ -101,6 +110,26 @@ def main() -> None:
         )  # fmt: skip
         sides: list[_Side] = []
         try:
+            if args.store == "sqlite":
+                sides = [
+                    _Side(name, where, f"sqlite:///{tmp}/{name}.db", args.level, args.steps)
+                    for name, where in (("base", tree), ("this", ROOT))
+                ]
+                _compare(sides, args)
+                return
+            if args.store == "redis-cluster":
+                from chainrt.testing.redis_cluster import LocalCluster
+
+                with (
+                    LocalCluster(replicas=0, durable=True) as one,
+                    LocalCluster(replicas=0, durable=True) as two,
+                ):
+                    sides = [
+                        _Side("base", tree, one.url, args.level, args.steps),
+                        _Side("this", ROOT, two.url, args.level, args.steps),
+                    ]
+                    _compare(sides, args)
+                return
             with private_server(server_args) as one, private_server(server_args) as two:
                 sides = [
                     _Side("base", tree, one.url, args.level, args.steps),
@@ -124,9 +153,14 @@ def _compare(sides: list[_Side], args: argparse.Namespace) -> None:
             side.cpu.append(cpu)
             side.rate.append(rate)
     held = [side.ask("memory")[2] for side in sides]
+    where = {
+        "sqlite": "a SQLite file per side",
+        "redis": "private Redis (AOF everysec) per side, loopback",
+        "redis-cluster": "private Redis Cluster (3 masters, AOF everysec) per side, loopback",
+    }[args.store]
     print(
         f"{args.level} runs at once x {args.steps} no-op tool steps, {args.rounds} paired rounds, "
-        f"private Redis (AOF everysec) per side, loopback"
+        f"{where}"
     )
     for side, mem in zip(sides, held, strict=True):
         print(

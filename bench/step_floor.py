@@ -52,14 +52,15 @@ from _redis import (
 from _step_samples import SOURCE, chain, levels, pct
 
 from chainrt._gc import tune_gc_for_runner
+from chainrt._records import RunRecord, StepRecord
 from chainrt._run._journal import Clock, RunJournal
 from chainrt._runtime import open_runtime
+from chainrt.redis import pack_args
+from chainrt.redis.keys import StoreKeys
 from chainrt.spec import spec_from_dict
 from chainrt.store._built import attempt_record, run_progress, step_record
 from chainrt.store._commit_wire import commit_wire
-from chainrt.store._keys import SCRIPTS, StoreKeys
-from chainrt.store._lean import pack_args
-from chainrt.store._records import RunRecord, StepRecord
+from chainrt.store._scripts import SCRIPTS
 
 _LADDER = ("floor", "store", "journal", "runner")
 """What each line adds: the floor; chainrt's records and store commit; the run's journal; the

@@ -31,10 +31,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from workers.engines._base import ChatMessage, GenerationRequest  # noqa: E402
-from workers.engines._vllm import VllmEngine  # noqa: E402
-from workers.engines._vllm_core import probe_llm  # noqa: E402
-from workers.engines._vllm_support import shutdown_llm  # noqa: E402
+from chainrt.engines._base import ChatMessage, GenerationRequest  # noqa: E402
+from chainrt.engines._vllm import VllmEngine  # noqa: E402
+from chainrt.engines._vllm_core import probe_llm  # noqa: E402
+from chainrt.engines._vllm_support import shutdown_llm  # noqa: E402
 
 
 def chat(text: str, tokens: int) -> GenerationRequest:

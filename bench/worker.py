@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from workers.engines import (  # noqa: E402
+from chainrt.engines import (  # noqa: E402
     ChatMessage,
     Engine,
     GenerationRequest,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .errors import (
     BackendError,
     BudgetError,
@@ -31,10 +32,12 @@ from .errors import (
     FencedOut,
     InputError,
     InsufficientMemory,
+    LeaseReleased,
     NoEndpoint,
     RecordTooLarge,
     RunLocked,
     RunNotFound,
+    SignalRefused,
     SpecError,
     StepError,
     StoreUnavailable,
@@ -51,8 +54,6 @@ if TYPE_CHECKING:
     from ._result import BudgetSummary, RunResult, StepSummary
     from ._runtime import Runtime
     from ._settings import Settings
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "Chain": "._chain",
@@ -87,6 +88,7 @@ __all__ = [
     "FencedOut",
     "InputError",
     "InsufficientMemory",
+    "LeaseReleased",
     "NoEndpoint",
     "RecordTooLarge",
     "RunEvent",
@@ -95,6 +97,7 @@ __all__ = [
     "RunResult",
     "Runtime",
     "Settings",
+    "SignalRefused",
     "SpecError",
     "StepContext",
     "StepError",

@@ -1,11 +1,19 @@
 """Redis pub/sub between runtimes of one fleet: cancels to the owner, run events to watchers.
 
-Channels (default prefix ``chainrt``; see ``docs/serve.md`` for the whole key layout)::
+Channels (default prefix ``chainrt``; built by :mod:`chainrt.redis.keys`, listed with every key
+in ``docs/redis-cluster.md``)::
 
     chainrt:cancel            a run id: "this run was cancelled; its owner stops it now"
-    chainrt:events:<run_id>   one JSON run event (DESIGN §13) per message, from the run's owner
+    chainrt:events:<run_id>   one JSON run event (docs/serve.md, Run events) per message, from the run's owner
     chainrt:run-changes       {"run_id", "status"}: a run was created, started, ended or was
                               cancelled (the runs list's live feed, ``serve/_feed.py``)
+    chainrt:events-replay     {"run_id", "id"}: a watcher that just subscribed asks the run's
+                              owner for the events of its steps in flight; the owner answers on
+                              the run's events channel with {"replay": id, "events": [...]}
+
+A process hears any number of channels on one connection (:class:`SharedSubscriber`): a
+``chainrt serve`` with a thousand event streams open holds one pub/sub connection, not one per
+stream.
 
 Pub/sub is a notification, never the record: a cancel is written to the store first (the owner
 is fenced out even if it misses the message), and an event stream starts from the stored history.
@@ -19,37 +27,32 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from ._events import RunEvent
-from .store._cluster import split_options
+from .redis import split_options
+from .redis.keys import PREFIX as _PREFIX
+from .redis.keys import cancel_channel, events_channel, replay_channel, runs_channel
 
-__all__ = ["CancelBus", "EventPublisher", "cancel_channel", "events_channel", "runs_channel"]
+__all__ = [
+    "CancelBus",
+    "EventPublisher",
+    "SharedSubscriber",
+    "cancel_channel",
+    "events_channel",
+    "publish_client",
+    "replay_channel",
+    "runs_channel",
+]
 
 log = logging.getLogger("chainrt.bus")
 
-_PREFIX = "chainrt"
 _BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
 _PUBLISH_BATCH = 256
-
-
-def cancel_channel(prefix: str = _PREFIX) -> str:
-    """The channel cancels are announced on."""
-    return f"{prefix}:cancel"
-
-
-def events_channel(run_id: str, prefix: str = _PREFIX) -> str:
-    """The channel a run's owner publishes its live events on."""
-    return f"{prefix}:events:{run_id}"
-
-
-def runs_channel(prefix: str = _PREFIX) -> str:
-    """The channel runners announce runs-list changes on (a run created, started, ended)."""
-    return f"{prefix}:run-changes"
 
 
 def _notice(run_id: str, status: str | None) -> str:
@@ -74,6 +77,11 @@ def _client(url: str) -> aioredis.Redis:
     )
 
 
+def publish_client(url: str) -> aioredis.Redis:
+    """A client to publish on (one connection at a time; never a cluster client: see above)."""
+    return _client(url)
+
+
 async def subscribe(url: str, channel: str) -> AsyncGenerator[bytes, None]:
     """Yield each message on ``channel``, re-subscribing after a lost connection."""
     attempt = 0
@@ -94,9 +102,154 @@ async def subscribe(url: str, channel: str) -> AsyncGenerator[bytes, None]:
             await asyncio.sleep(delay)
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+                await asyncio.shield(pubsub.aclose())
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())
+
+
+Handler = Callable[[bytes], None]
+
+
+class SharedSubscriber:
+    """Any number of channels heard on one Redis connection, for any number of listeners.
+
+    :meth:`listen` returns once Redis has confirmed the subscription (a message published after
+    that reaches the handler: what a reader of history needs to subscribe *before* it reads).
+    A lost connection is opened again with a short backoff and every channel subscribed again;
+    messages sent meanwhile are lost (the readers tolerate it). Handlers run on the event loop,
+    in the order messages arrive, and must not block."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._handlers: dict[str, list[Handler]] = {}
+        self._confirmed: set[str] = set()
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+        self._pubsub: Any = None
+        self._client: aioredis.Redis | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._closed = False
+
+    @property
+    def channels(self) -> int:
+        """Channels listened to now."""
+        return len(self._handlers)
+
+    async def listen(self, channel: str, handler: Handler, *, timeout_s: float = 5.0) -> bool:
+        """Call ``handler`` with each message of ``channel`` from now on. True once Redis has
+        confirmed the subscription; False if it did not within ``timeout_s`` (the handler is
+        registered all the same and hears the channel once the connection is back)."""
+        handlers = self._handlers.setdefault(channel, [])
+        handlers.append(handler)
+        if channel in self._confirmed:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(channel, []).append(waiter)
+        self._start()
+        if len(handlers) == 1 and self._connected.is_set():
+            await self._send("subscribe", channel)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(waiter)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._waiting.get(channel, [])
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
+            if not waiters:
+                self._waiting.pop(channel, None)
+
+    async def unlisten(self, channel: str, handler: Handler) -> None:
+        """Stop calling ``handler``; the last one of a channel unsubscribes it."""
+        handlers = self._handlers.get(channel, [])
+        with contextlib.suppress(ValueError):
+            handlers.remove(handler)
+        if handlers:
+            return
+        self._handlers.pop(channel, None)
+        self._confirmed.discard(channel)
+        if self._connected.is_set():
+            await self._send("unsubscribe", channel)
+
+    async def _send(self, command: str, channel: str) -> None:
+        try:
+            await getattr(self._pubsub, command)(channel)
+        except (rx.ConnectionError, rx.TimeoutError, OSError) as exc:
+            # The reader sees the loss too and subscribes every channel again on reconnect.
+            log.debug("pub/sub %s %s failed (%s)", command, channel, exc)
+
+    def _start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            self._client = client = _client(self._url)
+            self._pubsub = pubsub = client.pubsub()
+            try:
+                # Always one channel (the connection is made by the first SUBSCRIBE; redis-py
+                # reads nothing before): the replay channel every owner answers on.
+                channels = sorted(self._handlers) or [replay_channel()]
+                await pubsub.subscribe(*channels)
+                self._connected.set()
+                for channel in self._handlers:  # those added while subscribing
+                    if channel not in channels:
+                        await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        attempt = 0
+                        self._dispatch(message)
+            except (rx.ConnectionError, rx.TimeoutError, OSError) as exc:
+                self._connected.clear()
+                self._confirmed.clear()
+                delay = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
+                if attempt == 0:
+                    log.warning("shared pub/sub connection lost (%s); again in %.2fs", exc, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+            finally:
+                self._connected.clear()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(client.aclose())
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        raw_channel = message.get("channel")
+        channel = raw_channel.decode(errors="replace") if isinstance(raw_channel, bytes) else ""
+        if kind == "subscribe":
+            if channel in self._handlers:
+                self._confirmed.add(channel)
+            for waiter in self._waiting.get(channel, []):
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
+        data = message.get("data")
+        if kind != "message" or not isinstance(data, bytes):
+            return
+        for handler in list(self._handlers.get(channel, ())):
+            try:
+                handler(data)
+            except Exception:  # one listener's failure never stops the others
+                log.exception("a pub/sub listener of %s failed", channel)
+
+    async def close(self) -> None:
+        """Stop hearing every channel and close the connection."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        for waiters in self._waiting.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
 
 
 class CancelBus:

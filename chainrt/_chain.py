@@ -1,4 +1,4 @@
-"""The Python API (DESIGN §11): ``load`` a chain, ``run``/``arun`` it, ``resume``/``aresume`` a run.
+"""The Python API (README.md): ``load`` a chain, ``run``/``arun`` it, ``resume``/``aresume`` a run.
 
 These calls use the process-wide default runtime for their (store, pool) (``_defaults``): set-up
 is paid once, and breakers and latency estimates carry over from run to run.
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._defaults import default_runtime, run_sync
+from ._integrations import provider
 from ._result import RunResult
 from ._runtime import PoolLike, StoreLike
 from .spec import ChainSpec, load_spec
@@ -20,6 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["Chain", "aresume", "load", "resume"]
 
 Duration = str | float | int | None
+
+_NO_LANGCHAIN = (
+    "Chain.as_runnable needs the LangChain integration: pip install -e '.[langchain]' in the "
+    "chainrt repository (it provides 'as_runnable' under the chainrt.integrations entry points)"
+)
 
 
 class Chain:
@@ -65,10 +71,16 @@ class Chain:
     def as_runnable(
         self, *, store: StoreLike = None, pool: PoolLike = None
     ) -> Runnable[dict[str, Any], Any]:
-        """This chain as a LangChain ``Runnable[dict, Any]`` (needs ``chainrt[langchain]``)."""
-        from .langchain import ChainRunnable
+        """This chain as a LangChain ``Runnable[dict, Any]`` (needs ``chainrt[langchain]``).
 
-        return ChainRunnable(chain=self, store=store, pool=pool)
+        The Runnable is :class:`chainrt.langchain.ChainRunnable`, reached through the integration
+        seam (:mod:`chainrt._integrations`): the core does not import the integration.
+        """
+        make = provider("as_runnable")
+        if make is None:
+            raise ImportError(_NO_LANGCHAIN)
+        runnable: Runnable[dict[str, Any], Any] = make(chain=self, store=store, pool=pool)
+        return runnable
 
     def __repr__(self) -> str:
         return f"Chain(name={self.spec.name!r}, steps={[s.id for s in self.spec.steps]})"

@@ -10,7 +10,7 @@ __all__ = ["StepContext"]
 
 @dataclass(frozen=True, slots=True)
 class StepContext:
-    """The step context passed to tools as ``ctx`` (DESIGN §2).
+    """The step context passed to tools as ``ctx`` (docs/chain-format.md).
 
     ``idempotency_key`` is ``f"{run_id}:{step_id}"``: the same on every attempt and on a resumed
     run, so a tool can make a side effect happen once even if the step runs again after a crash.
@@ -19,6 +19,9 @@ class StepContext:
     run_id: str
     step_id: str
     attempt: int
+    """The how-many-th call of this step's tool in this run: 1 first, then each retry, and on
+    across crashes and resumes (each attempt is written to the store before the call, so a re-run
+    after a crash is never told it is attempt 1 again; a number may be skipped, never repeated)."""
     deadline: float
     """Unix time (seconds) by which the step must be done."""
 

@@ -1,4 +1,4 @@
-"""Run events (DESIGN §13): one schema for ``Runtime.stream``, the SSE of ``chainrt serve`` and
+"""Run events (docs/serve.md, Run events): one schema for ``Runtime.stream``, the SSE of ``chainrt serve`` and
 the event bus between runner processes.
 
 An event is a JSON object with ``type``, ``run_id``, ``ts`` (unix seconds) and, for step events,
@@ -7,7 +7,8 @@ history is rebuilt from its stored records (:func:`history`), so a client that c
 to another runner than the run's owner) sees the same sequence.
 
 Types: ``run_started`` (chain, budget), ``step_started`` (allotted_ms, model), ``token`` (text),
-``attempt`` (endpoint, status, ms, why), ``step_finished`` (the step summary of ``--json``),
+``attempt`` (endpoint, status, ms, why; ``usage`` when the attempt's server reported tokens),
+``step_finished`` (the step summary of ``--json``),
 ``run_finished`` (the whole ``--json`` object).
 """
 
@@ -19,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._progress import Progress
-from ._result import RunResult
+from ._result import RunResult, step_usage
 
 if TYPE_CHECKING:
+    from ._records import AttemptRecord, RunRecord, StepRecord
     from .spec import StepSpec
-    from .store._records import AttemptRecord, RunRecord, StepRecord
 
 __all__ = ["EVENT_TYPES", "EventProgress", "FanOut", "RunEvent", "history", "step_events"]
 
@@ -42,7 +43,7 @@ class RunEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as its JSON object (DESIGN §13)."""
+        """The event as its JSON object (docs/serve.md, Run events)."""
         out: dict[str, Any] = {"type": self.type, "run_id": self.run_id, "ts": self.ts}
         if self.step_id is not None:
             out["step_id"] = self.step_id
@@ -72,7 +73,7 @@ def _budget(record: RunRecord) -> dict[str, float]:
 
 
 def _attempt(run_id: str, step_id: str, attempt: AttemptRecord, ts: float) -> RunEvent:
-    data = {
+    data: dict[str, Any] = {
         "attempt": attempt.attempt,
         "model": attempt.model,
         "endpoint": attempt.endpoint,
@@ -82,6 +83,8 @@ def _attempt(run_id: str, step_id: str, attempt: AttemptRecord, ts: float) -> Ru
     }
     if attempt.hedge is not None:  # one of a hedged pair: the other attempt's number
         data["hedge"] = attempt.hedge
+    if attempt.usage is not None:  # tokens the attempt's server reported
+        data["usage"] = attempt.usage.model_dump(mode="json")
     return RunEvent("attempt", run_id, ts, step_id, data)
 
 
@@ -89,7 +92,7 @@ def step_events(run_id: str, record: StepRecord, ts: float | None = None) -> lis
     """The ``attempt`` events of a written step record, then its ``step_finished``."""
     when = (record.finished_at or time.time()) if ts is None else ts
     events = [_attempt(run_id, record.step_id, a, when) for a in record.attempt_log]
-    summary = {
+    summary: dict[str, Any] = {
         "status": record.status,
         "attempts": record.attempts,
         "allotted_ms": round(record.allotted_ms, 3),
@@ -98,6 +101,9 @@ def step_events(run_id: str, record: StepRecord, ts: float | None = None) -> lis
         "fallback": record.fallback,
         "error": record.error,
     }
+    usage = step_usage(record)
+    if usage is not None:
+        summary["usage"] = usage.model_dump(mode="json")
     events.append(RunEvent("step_finished", run_id, when, record.step_id, summary))
     return events
 
@@ -120,8 +126,12 @@ def history(run: RunRecord, steps: dict[str, StepRecord]) -> list[RunEvent]:
                 {"allotted_ms": round(record.allotted_ms, 3), "model": record.model},
             )
         )
+        if record.status == "running":  # an attempt written before its call: not finished
+            when = record.started_at or run.created_at
+            events.extend(_attempt(run.run_id, record.step_id, a, when) for a in record.attempt_log)
+            continue
         events.extend(step_events(run.run_id, record))
-    if run.finished:
+    if run.finished or run.status == "waiting":  # a parked run's execution ended there too
         result = RunResult.from_records(run, steps).model_dump(mode="json")
         events.append(RunEvent("run_finished", run.run_id, run.updated_at, data=result))
     return events

@@ -2,7 +2,7 @@
 
 Tracing's interceptors (:mod:`chainrt.tracing._intercept`), wrapped around the runner, the store,
 the limiter and the model backends at assembly, call ``hooks.span(name, attributes)`` around the
-work DESIGN §8 names (``chain.run``, ``chain.step``, ``concurrency.acquire``,
+work docs/tracing.md names (``chain.run``, ``chain.step``, ``concurrency.acquire``,
 ``checkpoint.write``, ``llm.dispatch``); the runner and dispatcher never do. Hooks that override
 nothing (:data:`NO_HOOKS`: tracing off) are not wrapped around anything (:func:`observes`), so
 tracing that is off costs nothing at all.

@@ -2,7 +2,7 @@
 
 The CLI prints it (``LivePrinter``) and the LangChain bridge turns it into ``astream_events``. A
 runner has one for every run, and a run may bring its own (``Runner.run(..., progress=...)``):
-that is where one run's event stream (DESIGN §13) attaches. Calls for one run come in order from
+that is where one run's event stream (docs/serve.md, Run events) attaches. Calls for one run come in order from
 the run's own task: ``run_started``, then per step ``step_started``, the step's ``attempt`` and
 ``token`` calls, and ``step_finished`` (a step the budget skipped has only ``step_finished``,
 written), then ``run_finished`` — unless the run ends by an exception (cancelled, fenced out,
@@ -12,7 +12,7 @@ store down), which its caller sees instead.
 generated text of LLM steps as it streams, but only from a progress whose ``wants_tokens`` is
 True (streaming costs a little; nobody pays for it unless someone listens). After a failed
 attempt, the next attempt's tokens start over: an ``attempt`` call between them says so
-(DESIGN §13).
+ (docs/serve.md, Run events).
 Spans are not made here but by tracing's interceptors (:mod:`chainrt.tracing._intercept`).
 """
 
@@ -22,9 +22,9 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._records import AttemptRecord, RunRecord, StepRecord
     from ._result import RunResult
     from .spec import StepSpec
-    from .store._records import AttemptRecord, RunRecord, StepRecord
 
 __all__ = ["NO_PROGRESS", "STEP_PROGRESS", "Progress"]
 

@@ -1,4 +1,4 @@
-"""The result of a run, shaped like the CLI's ``--json`` object (DESIGN §9)."""
+"""The result of a run, shaped like the CLI's ``--json`` object (README.md, Using it)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ._records import RunRecord, StepRecord, TokenUsage
+from ._result_tree import inner_llm_paths, nest_groups
 from .store._built import SharedFields, made
-from .store._records import RunRecord, StepRecord
 
-__all__ = ["BudgetSummary", "LlmAnswers", "RunResult", "StepSummary"]
+__all__ = ["BudgetSummary", "LlmAnswers", "RunResult", "StepSummary", "TokenUsage", "step_usage"]
 
 
 class StepSummary(BaseModel):
@@ -38,6 +39,20 @@ class StepSummary(BaseModel):
     )
     contradictions: list[str] | None = Field(
         default=None, description="Contradictions found between the prompt and the answer."
+    )
+    path: str | None = Field(
+        default=None,
+        description="Where the step sits: its id, or inside a group e.g. 'gather.kb.search', "
+        "'per_item[3].classify', 'route.refund.policy'.",
+    )
+    branch: str | None = Field(default=None, description="The branch a switch took.")
+    steps: list[StepSummary] | None = Field(
+        default=None, description="A group's inner steps that ran, in order (groups only)."
+    )
+    usage: TokenUsage | None = Field(
+        default=None,
+        description="Tokens of every attempt of the step that reported usage (and their cost, "
+        "with a pool price); None when no attempt reported any.",
     )
 
 
@@ -86,13 +101,15 @@ def _llm_answers(llm_steps: list[StepRecord]) -> LlmAnswers:
 
 class RunResult(BaseModel):
     """What a run ended with (completed | partial | rejected | failed | cancelled), or where it
-    is (queued | running) when read before the end."""
+    is (queued | running | waiting) when read before the end."""
 
     model_config = ConfigDict(extra="forbid")
 
     run_id: str
     chain: str
-    status: Literal["queued", "running", "completed", "partial", "rejected", "failed", "cancelled"]
+    status: Literal[
+        "queued", "running", "completed", "partial", "rejected", "failed", "cancelled", "waiting"
+    ]
     output: Any = None
     budget: BudgetSummary
     steps: list[StepSummary]
@@ -104,6 +121,9 @@ class RunResult(BaseModel):
         "instead of a model; `llm_answers` has the counts.",
     )
     llm_answers: LlmAnswers = Field(default_factory=LlmAnswers)
+    usage: TokenUsage | None = Field(
+        default=None, description="The sum of the steps' usage; None when no step reported any."
+    )
 
     @property
     def ok(self) -> bool:
@@ -116,6 +136,8 @@ class RunResult(BaseModel):
         spec_steps = [s for s in run.spec.get("steps", []) if isinstance(s, dict)]
         order = [s.get("id") for s in spec_steps]
         llm_ids = {s.get("id") for s in spec_steps if s.get("llm") is not None}
+        if len(steps) > len(spec_steps):  # records of steps inside groups: their llm steps too
+            llm_ids |= inner_llm_paths(spec_steps, steps)
         answers = _llm_answers([rec for step_id, rec in steps.items() if step_id in llm_ids])
         # Built without validation (issue 18): every value comes from a RunRecord and its
         # StepRecords, already of these fields' types; validating 100 summaries cost ~5 us of
@@ -125,6 +147,8 @@ class RunResult(BaseModel):
             for step_id in order
             if isinstance(step_id, str) and (rec := steps.get(step_id)) is not None
         ]
+        if len(steps) > len(summaries):  # records of steps inside groups: nest them
+            summaries = nest_groups(spec_steps, steps, summaries, _summary)
         budget = made(
             BudgetSummary,
             {
@@ -144,8 +168,17 @@ class RunResult(BaseModel):
             "error": run.error,
             "degraded": answers.static > 0,
             "llm_answers": answers,
+            # Every record, those of steps inside groups included (a group's own has no attempts).
+            "usage": TokenUsage.of([step_usage(rec) for rec in steps.values()]),
         }
         return made(cls, data, _RESULT_FIELDS)
+
+
+def step_usage(rec: StepRecord) -> TokenUsage | None:
+    """The tokens of a step: the sum of its attempts' usage (None when none reported any)."""
+    if not rec.attempt_log:
+        return None
+    return TokenUsage.of([a.usage for a in rec.attempt_log])
 
 
 def _summary(rec: StepRecord) -> StepSummary:
@@ -163,6 +196,10 @@ def _summary(rec: StepRecord) -> StepSummary:
         "verification_status": rec.verification_status,
         "degraded": None if rec.degraded is None else dict(rec.degraded),
         "contradictions": None if rec.contradictions is None else list(rec.contradictions),
+        "path": rec.step_id,
+        "branch": None,
+        "steps": None,
+        "usage": step_usage(rec),
     }
     return made(StepSummary, data, _SUMMARY_FIELDS)
 

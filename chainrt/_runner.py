@@ -1,6 +1,6 @@
-"""The async runner: a budget loop over collaborators (DESIGN §3, §4).
+"""The async runner: a budget loop over collaborators (docs/chain-format.md, Budget).
 
-A run is a loop over the chain's steps. For each step the pure :func:`chainrt._budget.decide`
+A run is a loop over the chain's steps. For each step the pure :func:`chainrt.budget._steps.decide`
 says allot, skip or stop; the step kind's executor runs the step inside its allotment; the pure
 :func:`~chainrt._run.settle` says what its record means for the run; the journal commits the
 record atomically with the run's progress before the next step starts. The loop only awaits.
@@ -9,7 +9,7 @@ Collaborators (``chainrt/_run/``): the :class:`~chainrt._run.RunJournal` (clock,
 state, every checkpoint write), one executor per step kind (``_llm``, ``_tool``, ``_runnable``),
 and :class:`~chainrt._run.RunInterceptor`\\ s wrapped around each execution and each step
 (tracing is one). Owner leases — waiting for a live owner, claiming, the heartbeat — are in
-:mod:`chainrt._lease`. People and event streams watch through :class:`~chainrt._progress.Progress`.
+:mod:`chainrt.runs._lease`. People and event streams watch through :class:`~chainrt._progress.Progress`.
 
 One runner serves any number of concurrent runs: everything about a run lives in its journal and
 its own task, so cancelling that task abandons the step in flight and gives the lease back.
@@ -24,7 +24,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _budget as budget
 from ._bounded import TaskHost
 from ._errors import (
     BudgetError,
@@ -36,11 +35,12 @@ from ._errors import (
     StoreUnavailable,
     TemplateError,
 )
-from ._lease import Heartbeat, claim, new_lease, this_host, wait_for_owner
 from ._progress import NO_PROGRESS, STEP_PROGRESS, Progress
+from ._records import RunRecord, StepRecord
 from ._result import RunResult
 from ._run import (
     TOOL_HOST,
+    TOOL_JOURNAL,
     Clock,
     KindExecutor,
     LlmExecutor,
@@ -61,19 +61,28 @@ from ._run import (
     new_run_id,
     plan_for,
     repeats_side_effects,
+    run_output,
     run_step,
     settle,
     skipped_record,
 )
+from ._run._agent import AgentExecutor
+from ._run._flow import FLOW, FlowRun, flows
+from ._run._groups import GroupExecutor
+from ._run._models_view import ModelsView
+from ._run._wait import WaitExecutor
 from ._settings import get_settings
-from ._trust import RecordTrust
+from .budget import _steps as budget
+from .budget._tokens import start_run_tokens
 from .concurrency import Limiter
 from .dispatch import Dispatcher
-from .spec import ChainSpec, StepSpec, render_value, spec_from_dict
+from .runs._lease import Heartbeat, claim, new_lease, this_host, wait_for_owner
+from .runs._signals import continue_parked
+from .runs._trust import RecordTrust
+from .spec import ChainSpec, StepSpec, spec_from_dict
 from .spec._dump import spec_dump, spec_json
 from .spec._roots import add_chain_root
 from .store._protocol import CheckpointStore
-from .store._records import RunRecord, StepRecord
 
 __all__ = ["Runner", "check_inputs", "new_run_id"]
 
@@ -112,6 +121,9 @@ class Runner:
         self._llm = LlmExecutor(dispatcher, store)
         self._tool = ToolExecutor(allowed_modules)
         self._runnable = RunnableExecutor(allowed_modules, runnable_executor)
+        self._group = GroupExecutor()
+        self._wait = WaitExecutor(store)
+        self._agent = AgentExecutor(dispatcher, limiter, allowed_modules, self.interceptors)
 
     # ------------------------------------------------------------------ entry points
 
@@ -150,13 +162,14 @@ class Runner:
         await self._prepare(spec)
         await self.store.create_run(record)
         journal = RunJournal(self.store, record, {}, Clock(total))
-        return await self._execute(
+        result = await self._execute(
             RunStart(record, total),
             spec,
             journal,
             source_dir=source_dir,
             progress=progress or self.progress,
         )
+        return await self._parked(result, progress)
 
     async def resume(
         self,
@@ -165,6 +178,7 @@ class Runner:
         budget_ms: float | None = None,
         wait: bool = True,
         progress: Progress | None = None,
+        record: RunRecord | None = None,
     ) -> RunResult:
         """Take over a run whose owner is gone and finish it; recorded steps do not run again.
 
@@ -173,9 +187,12 @@ class Runner:
         A ``queued`` run (submitted to ``chainrt serve``) starts here for the first time.
         A record this runner does not trust (:class:`RecordTrust`) is refused before anything
         is claimed or run (UntrustedRecord); a completed run is returned as it is, running
-        nothing.
+        nothing. ``record``: the run's record as the caller has just read it (``chainrt
+        serve``'s queue handler), not read again; one that went stale meanwhile fails the claim
+        (its fencing token), as a change between this call's own read and its claim would.
         """
-        record = await self.store.get_run(run_id)
+        if record is None or record.run_id != run_id:
+            record = await self.store.get_run(run_id)
         first_start = record.status == "queued"
         done = await self._final(record)  # nothing runs: no code is resolved for it
         if done is not None:
@@ -210,18 +227,30 @@ class Runner:
         record = record.model_copy(
             update={"fencing_token": token, "budget_total_ms": total, "status": "running"}
         )
-        steps = await self.store.get_steps(run_id)
+        # A queued run never claimed before (token 0) has no steps: nothing to read.
+        fresh = first_start and token == 1
+        steps = {} if fresh else await self.store.get_steps(run_id)
         await self._prepare(spec)
         links = [record.trace] if record.trace.get("trace_id") else []
         journal = RunJournal(self.store, record, steps, Clock(total, record.budget_used_ms))
         start = RunStart(record, total, resumed=not first_start, links=links)
-        return await self._execute(
+        result = await self._execute(
             start,
             spec,
             journal,
             source_dir=source_dir,
             progress=progress or self.progress,
             new_total=budget_ms is not None,
+        )
+        return await self._parked(result, progress)
+
+    async def _parked(self, result: RunResult, progress: Progress | None) -> RunResult:
+        """A run that parked at a wait whose signal came meanwhile continues now
+        (chainrt/runs/_signals.py); any other result is returned as it is."""
+        if result.status != "waiting":
+            return result
+        return await continue_parked(
+            self.store, result, lambda run_id: self.resume(run_id, wait=False, progress=progress)
         )
 
     async def _final(self, record: RunRecord) -> RunResult | None:
@@ -240,6 +269,7 @@ class Runner:
         model, importing the LangChain step executor. A long-lived runner pays them once."""
         self._runnable.prepare(spec)
         await self._llm.prepare(spec)
+        await self._agent.prepare(spec)
 
     # ------------------------------------------------------------------ one execution
 
@@ -281,6 +311,9 @@ class Runner:
         heartbeat.start()
         host = TaskHost()
         hosting = TOOL_HOST.set(host)
+        journaling = TOOL_JOURNAL.set(journal)  # tools taking ctx write each attempt first
+        # The run's token budget (max_tokens_total), what recorded steps used already spent.
+        start_run_tokens(spec.max_tokens_total, journal.done.values())
         final = False
         release = True
         try:
@@ -299,11 +332,13 @@ class Runner:
         except asyncio.CancelledError:
             if heartbeat.fenced:
                 raise FencedOut(
-                    f"run {journal.run_id} was taken over by another process; this one stopped"
+                    f"run {journal.run_id} was taken over by another process; this one stopped "
+                    f"({heartbeat.why})"
                 ) from None
             raise
         finally:
             TOOL_HOST.reset(hosting)
+            TOOL_JOURNAL.reset(journaling)
             host.close()
             await heartbeat.stop()
             if not final and release:
@@ -345,6 +380,9 @@ class Runner:
             else None
         )
         try:
+            if flows(spec):  # when or groups: chainrt/_run/_flow.py (a straight chain: below)
+                await self._flow(spec, journal, source_dir, progress)
+                return
             pending = journal.pending(spec.steps)
             plan = plan_for(spec, pending)  # sums the weights once: a step's decision costs O(1)
             for index, step in enumerate(pending):
@@ -369,13 +407,41 @@ class Runner:
                 if await end_step(journal, progress, step, record, stop):
                     return
             try:
-                output = _output(spec, journal.scope)
+                output = run_output(spec, journal.scope)
             except ChainRTError as exc:
                 await journal.finish("failed", error=f"output: {exc.message}")
                 return
             await finish_output(journal, output)
         finally:
             await run_keys.release()
+
+    async def _flow(
+        self, spec: ChainSpec, journal: RunJournal, source_dir: Path | None, progress: Progress
+    ) -> None:
+        """The budget loop of a chain with ``when`` or groups: every step at every depth."""
+
+        def call(step: StepSpec, allot_ms: float, scope: dict[str, Any]) -> Any:
+            if not self.interceptors:
+                return self._run_step(scope, source_dir, progress, run_id, step, allot_ms)
+            inner = functools.partial(self._step, scope, source_dir, progress)
+            return chain_steps(self.interceptors, inner)(StepStart(run_id, step, allot_ms))
+
+        run_id = journal.run_id
+        flow = FlowRun(journal, progress, call, ModelsView(self.dispatcher), self.interceptors)
+        token = FLOW.set(flow)
+        try:
+            clock = journal.clock
+            ended = await flow.sequence(spec.steps, "", journal.scope, clock.remaining_ms, top=True)
+            if ended.stop is not None:
+                return
+            try:
+                output = run_output(spec, journal.scope)
+            except ChainRTError as exc:
+                await journal.finish("failed", error=f"output: {exc.message}")
+                return
+            await finish_output(journal, output)
+        finally:
+            FLOW.reset(token)
 
     def _step(
         self,
@@ -399,37 +465,32 @@ class Runner:
         allot_ms: float,
     ) -> StepRecord:
         """One step, from its allotment to its record."""
-        if step.llm is None:  # only an LLM step's executor reports attempts and tokens
+        model = step.llm.model if step.llm is not None else None
+        if model is None and step.agent is not None:
+            model = step.agent.model
+        if model is None:  # only LLM and agent steps' executors report attempts and tokens
             progress.step_started(step, allot_ms, None)
             executor = self._executor(step)
             return await run_step(run_id, step, allot_ms, scope, self.limiter, executor, source_dir)
-        progress.step_started(step, allot_ms, step.llm.model)
+        progress.step_started(step, allot_ms, model)
         token = STEP_PROGRESS.set(progress)
         try:
-            return await run_step(
-                run_id, step, allot_ms, scope, self.limiter, self._llm, source_dir
-            )
+            executor = self._llm if step.llm is not None else self._agent
+            return await run_step(run_id, step, allot_ms, scope, self.limiter, executor, source_dir)
         finally:
             STEP_PROGRESS.reset(token)
 
     def _executor(self, step: StepSpec) -> KindExecutor:
+        if step.wait is not None:
+            return self._wait
         if step.llm is not None:
             return self._llm
+        if step.agent is not None:
+            return self._agent
         if step.tool is not None:
             return self._tool
-        return self._runnable
+        return self._runnable if step.runnable is not None else self._group
 
 
 def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
-
-
-def _output(spec: ChainSpec, scope: dict[str, Any]) -> Any:
-    if spec.output is not None:
-        return render_value(spec.output, scope)
-    last = spec.steps[-1].id
-    for step in reversed(spec.steps):
-        if step.id in scope["steps"]:
-            last = step.id
-            break
-    return scope["steps"].get(last, {}).get("output")

@@ -1,4 +1,4 @@
-"""``chainrt.Runtime`` (DESIGN §11): one store, one dispatcher, one limiter, held for a lifetime.
+"""``chainrt.Runtime`` (README.md): one store, one dispatcher, one limiter, held for a lifetime.
 
 A runtime is what a web backend holds like an ``httpx.AsyncClient``: the store's connection pool,
 the dispatcher (breaker, health and latency state shared by all its runs), the limiter and the
@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ._bounded import start_eagerly
-from ._cancel import cancel_in_store
-from ._durations import parse_duration_ms
+from ._durations import parse_budget_ms
 from ._errors import ChainRTError, FencedOut
 from ._events import EventProgress, FanOut, RunEvent
 from ._hooks import NO_HOOKS, Hooks, observes
@@ -33,17 +33,19 @@ from ._runner import Runner, new_run_id
 from ._settings import Settings, get_settings
 from .concurrency import Limiter, open_limiter
 from .dispatch import Dispatcher, make_dispatcher
+from .runs._cancel import cancel_in_store
 from .spec import ChainSpec, load_spec
 from .store import CheckpointStore, open_store
 
 if TYPE_CHECKING:
     from ._chain import Chain
+    from ._records import RunRecord
 
 __all__ = ["PoolLike", "Runtime", "StoreLike", "default_hooks", "open_runtime"]
 
 StoreLike = str | CheckpointStore | None
 PoolLike = str | Dispatcher | None
-Duration = str | float | int | None
+Duration = str | float | int | timedelta | None
 EventSink = Callable[[RunEvent], None]
 
 _WATCH_EVERY_S = 0.5
@@ -61,7 +63,7 @@ def default_hooks(settings: Settings, *, force: bool = False) -> Hooks:
 
 
 def _budget_ms(budget: Duration) -> float | None:
-    return None if budget is None else parse_duration_ms(budget, what="budget")
+    return None if budget is None else parse_budget_ms(budget, what="budget")
 
 
 class Runtime:
@@ -215,13 +217,16 @@ class Runtime:
         budget: Duration = None,
         wait: bool = True,
         progress: Progress | None = None,
+        record: RunRecord | None = None,
     ) -> RunResult:
-        """Resume a run from its last checkpoint (or start a ``queued`` one)."""
+        """Resume a run from its last checkpoint (or start a ``queued`` one). ``record``: its
+        record as the caller has just read it, not read again (see :meth:`Runner.resume`)."""
         coro = self.runner.resume(
             run_id,
             budget_ms=_budget_ms(budget),
             wait=wait,
             progress=self._progress_for(run_id, progress),
+            record=record,
         )
         return await self._track(run_id, coro)
 
@@ -233,7 +238,7 @@ class Runtime:
         run_id: str | None = None,
         budget: Duration = None,
     ) -> AsyncIterator[RunEvent]:
-        """Run ``chain`` and yield its events (DESIGN §13) as they happen, ``run_finished`` last.
+        """Run ``chain`` and yield its events (docs/serve.md, Run events) as they happen, ``run_finished`` last.
 
         Leaving the loop early cancels the run (its lease is given back; it can be resumed).
         """
@@ -273,6 +278,38 @@ class Runtime:
         elif self._cancel_bus is not None or _is_redis(self.store):
             await self._bus().publish_cancel(run_id)
         self._cancel_requested.discard(run_id)
+        return RunResult.from_records(record, await self.store.get_steps(run_id))
+
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, resume: bool = True
+    ) -> RunResult:
+        """Send signal ``name`` with ``payload`` to a run (docs/chain-format.md, Waits).
+
+        The payload is checked against the wait's schema and kept, even when the run has not
+        reached its wait yet. When the run was parked waiting for it and ``resume`` is true,
+        the run continues here, and the result is where it then stands (ended, or parked at
+        its next wait); otherwise the run as it stands. SignalRefused (nothing kept) for a
+        name the chain does not wait for, a payload that does not fit, or a run that ended.
+        """
+        from ._errors import RunLocked
+        from .runs._signals import send_signal, waits_on
+
+        sent = await send_signal(self.store, run_id, name, payload)
+        while resume and await waits_on(self.store, sent) is not None:
+            local = self._active.get(run_id)
+            if local is not None:
+                # Its execution here has just parked and is ending; it looks for the signal
+                # once more as it ends (and continues the run if it finds it): then look again.
+                if local.done():
+                    await asyncio.sleep(0.005)  # ended: its caller is about to let go of it
+                else:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(local)
+                continue
+            with contextlib.suppress(RunLocked, FencedOut):  # another process continues it
+                return await self.resume(run_id, wait=False)
+            break
+        record = await self.store.get_run(run_id)
         return RunResult.from_records(record, await self.store.get_steps(run_id))
 
     def active(self) -> list[str]:

@@ -61,6 +61,24 @@ class Settings(BaseSettings):
         default="http://localhost:16686", description="Jaeger UI base URL printed by inspect."
     )
     trace: bool = Field(default=False, description="Force tracing on (like --trace).")
+    api_tokens: SecretStr | None = Field(
+        default=None,
+        description="chainrt serve: the API tokens it accepts, one name:scope[,scope]:sha256 a "
+        "line (like --tokens FILE; docs/security.md).",
+    )
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="chainrt submit/cancel and other commands that call a chainrt serve: the "
+        "token they send (like --token).",
+    )
+    redis_max_connections: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="Connections one Redis client of a process (the store's, the queue's, the "
+        "limiter's) opens to one Redis server, or to each node of a Redis Cluster, at most; "
+        "more calls at once wait for a free one.",
+    )
     gc_tuning: bool = Field(
         default=True,
         description="chainrt's own processes (run, resume, serve) freeze what start-up "

@@ -16,6 +16,9 @@ The tree::
     ├── UnknownChain                  (chainrt.serve) no chain of that name is served here (404)
     ├── Draining                      (chainrt.serve) the runner is shutting down; the run is handed over
     ├── BadCursor                     (chainrt.serve) a runs-list cursor the API did not hand out
+    ├── PoisonEntry                   (chainrt.serve._handling) a queue entry no runner can handle (dead-lettered)
+    ├── SignalRefused                 a signal its run cannot take: unknown name, bad payload, run ended
+    ├── BadCall                       (chainrt.agent._tools) an agent's proposed call cannot run; told to the model
     ├── ConcurrencyError              a concurrency key could not be taken
     │   └── ConcurrencyRejected       ... within the time the budget left (run ends ``rejected``)
     ├── CheckpointError               the checkpoint store cannot do what was asked
@@ -23,6 +26,7 @@ The tree::
     │   ├── RunNotFound               no run with this id in this store
     │   ├── RunLocked                 the run's owner is alive; resuming would double-run it
     │   ├── FencedOut                 this process lost ownership of the run (fencing token)
+    │   │   └── LeaseReleased         its lease is gone with its own token: its final commit landed
     │   ├── RecordTooLarge            a record is over the store's size limit
     │   ├── CorruptRecord             a stored record does not parse; nothing was loaded from it
     │   └── UntrustedRecord           a stored run this runner will not execute (chain roots, HMAC)
@@ -34,13 +38,13 @@ The tree::
     └── WorkerError                   an inference worker or engine failed
         ├── EngineOOM                 the engine ran out of (GPU) memory on one request
         ├── EngineDead                the engine is gone and must be restarted
-        │   ├── CoreKilled            (workers.engines._vllm_support) a signal ended vLLM's core under it
-        │   └── CoreFailedElsewhere   (workers.engines._vllm_support) vLLM's core failed on another request
-        ├── EngineRetired             (workers.engines) a hot reload replaced the engine before the request started
+        │   ├── CoreKilled            (chainrt.engines._vllm_support) a signal ended vLLM's core under it
+        │   └── CoreFailedElsewhere   (chainrt.engines._vllm_support) vLLM's core failed on another request
+        ├── EngineRetired             (chainrt.engines) a hot reload replaced the engine before the request started
         └── ContextLengthExceeded     the prompt can never fit the engine's context window
 
 A step that runs past its allotment raises nothing: it is recorded as ``timed_out`` in the run's
-result, which then ends ``partial`` or ``failed`` (DESIGN §3).
+result, which then ends ``partial`` or ``failed`` (docs/chain-format.md, Budget).
 
 Every message says what happened, to what, and what to do next. Errors carry retry semantics as
 data (``retryable``), so retry policies need no ``isinstance`` ladders.
@@ -51,7 +55,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .store._records import AttemptRecord
+    from ._records import AttemptRecord
 
 __all__ = [
     "BackendError",
@@ -69,10 +73,12 @@ __all__ = [
     "FencedOut",
     "InputError",
     "InsufficientMemory",
+    "LeaseReleased",
     "NoEndpoint",
     "RecordTooLarge",
     "RunLocked",
     "RunNotFound",
+    "SignalRefused",
     "SpecError",
     "StepError",
     "StoreUnavailable",
@@ -145,6 +151,16 @@ class ToolError(StepError):
     """A tool raised an exception or could not be imported."""
 
 
+class SignalRefused(ChainRTError):
+    """A signal was refused and nothing was kept: its run's chain has no ``wait`` for that name,
+    its payload does not match the wait's schema, or the run has ended. ``conflict`` is True
+    when the run cannot take it whatever the payload (HTTP 409; else 422)."""
+
+    def __init__(self, message: str, *, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.conflict = conflict
+
+
 class ConcurrencyError(ChainRTError):
     """A concurrency key could not be used."""
 
@@ -178,6 +194,12 @@ class RunLocked(CheckpointError):
 
 class FencedOut(CheckpointError):
     """Another process took the run over; this process must stop writing to it."""
+
+
+class LeaseReleased(FencedOut):
+    """The run's owner lease is gone though its fencing token is still this process's: the
+    process's own final commit (or release) landed, e.g. while its reply was lost in a
+    failover. Nothing is left to renew, and nobody took the run over."""
 
 
 class RecordTooLarge(CheckpointError):

@@ -189,7 +189,7 @@ def error_body(
 def insufficient_memory_body(
     message: str, *, max_tokens: int, retry_after_s: float
 ) -> dict[str, Any]:
-    """The 429 memory refusal (DESIGN §6): ``max_tokens`` fits now, or retry after a while."""
+    """The 429 memory refusal (docs/workers.md): ``max_tokens`` fits now, or retry after a while."""
     return {
         "error": {
             "type": INSUFFICIENT_MEMORY,

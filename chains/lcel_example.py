@@ -68,11 +68,17 @@ def support_pipeline(
 
 
 def _describe(event: ChainEvent) -> str:
-    if event["event"] == "step_started":
-        return f"  {event['step']}: started, {event['allotted_ms']:.0f}ms allotted"
-    if event["event"] == "step_finished":
-        return f"  {event['step']}: {event['status']} in {event['elapsed_ms']:.0f}ms"
-    if event["event"] == "run_finished":
+    kind, step = event["type"], event.get("step_id")
+    if kind == "step_started":
+        return f"  {step}: started, {event['allotted_ms']:.0f}ms allotted"
+    if kind == "attempt":
+        model = f" ({event['model']})" if event.get("model") else ""
+        return f"  {step}: attempt {event['attempt']}{model} {event['status']}"
+    if kind == "token":
+        return f"  {step}: {event['text']!r}"
+    if kind == "step_finished":
+        return f"  {step}: {event['status']} in {event['elapsed_ms']:.0f}ms"
+    if kind == "run_finished":
         return f"run {event['run_id']}: {event['status']}"
     return f"run {event['run_id']}: started"
 
@@ -81,13 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     """Answer one question from the command line; prints the reply (or live events)."""
     parser = argparse.ArgumentParser(description="Answer an order question with lcel_support.")
     parser.add_argument("question", nargs="?", default="Where is my order 1042?")
+    parser.add_argument("--user", default="u1", help="the customer asking (default: u1)")
     parser.add_argument("--store", help="checkpoint store URL (default: CHAINRT_STORE)")
     parser.add_argument("--pool", help="worker-pool YAML (default: CHAINRT_POOL)")
     parser.add_argument("--budget", help="budget of the run, e.g. 8s (default: the chain's)")
     parser.add_argument("--stream", action="store_true", help="print step events as they come")
     args = parser.parse_args(argv)
     config: RunnableConfig = {"configurable": {"budget": args.budget} if args.budget else {}}
-    inputs = {"question": args.question}
+    inputs = {"user_id": args.user, "question": args.question}
     if args.stream:
         runnable = chainrt.load(CHAIN_FILE).as_runnable(store=args.store, pool=args.pool)
         for chunk in runnable.stream(inputs, config):

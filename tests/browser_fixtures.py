@@ -10,12 +10,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from chainrt.testing.serve_process import ServeProcess
 
-__all__ = ["CHROMIUM", "Page", "checked_page", "chromium", "submit", "wait_status"]
+__all__ = ["BROWSER_TEST", "CHROMIUM", "Page", "checked_page", "chromium", "submit", "wait_status"]
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's Chromium (scripts/setup installs it); Playwright drives it via executable_path."""
+
+BROWSER_TEST = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (scripts/setup installs Debian's chromium)",
+    ),
+]
+"""The marks of a browser test module (``pytestmark = BROWSER_TEST``): slow tier, skipped
+without Chromium."""
 
 
 def wait_status(server: ServeProcess, run_id: str, wanted: set[str], within_s: float = 60) -> Any:

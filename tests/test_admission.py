@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from workers.engines import MemoryStats
+from chainrt.engines import MemoryStats
 from workers.server import (
     AdmissionQueue,
     Admit,

@@ -1,4 +1,4 @@
-"""The budget module: table tests and hypothesis properties (DESIGN §3)."""
+"""The budget module: table tests and hypothesis properties (docs/chain-format.md, Budget)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chainrt._budget import DEFAULT_MIN_STEP_MS, Allot, Plan, Skip, StepBudget, Stop, decide
+from chainrt.budget._steps import DEFAULT_MIN_STEP_MS, Allot, Plan, Skip, StepBudget, Stop, decide
 
 
 @pytest.mark.parametrize(

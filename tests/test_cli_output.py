@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import chainrt
+from chainrt._records import RunRecord, StepRecord
 from chainrt._result import RunResult
-from chainrt.store._records import RunRecord, StepRecord
 
 LONG = "".join(f"word{i} " for i in range(200)) + "THE END"  # ~1,300 characters
 

@@ -83,3 +83,16 @@ def test_the_whole_repository_validates() -> None:
     done = validate(ROOT)
     assert done.returncode == 0, done.stderr
     assert "skipped" in done.stdout
+
+
+def test_validate_runs_twice_in_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's function is not shadowed by its own submodule (``chainrt.cli._validate``):
+    importing the submodule once used to replace the package's ``_validate`` function, so the
+    second in-process ``chainrt validate`` failed with "'module' object is not callable"."""
+    import chainrt.cli._validate  # noqa: F401  (what the first call imports)
+    from chainrt.cli import main
+
+    hello = str(Path(__file__).parents[1] / "chains" / "hello.yaml")
+    assert main(["validate", hello]) == 0
+    assert main(["validate", hello]) == 0
+    assert "internal error" not in capsys.readouterr().err

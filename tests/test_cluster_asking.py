@@ -2,7 +2,7 @@
 
 The source master answers ``ASK`` for it; the client must send ``ASKING`` and the command on one
 connection to the target. redis-py alone sends them on two connections once the target's pool
-holds two idle ones, and the call ends in ``TTL exhausted`` (``chainrt/store/_cluster_asking.py``).
+holds two idle ones, and the call ends in ``TTL exhausted`` (``chainrt/redis/_cluster_asking.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from chainrt.store._cluster import close_client, cluster_client
+from chainrt.redis import close_client, cluster_client
 from chainrt.testing.redis_cluster import LocalCluster
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster]

@@ -13,8 +13,8 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode
 
 from chainrt.concurrency import KeyRequest, RedisLimiter
+from chainrt.redis import close_client, cluster_client
 from chainrt.store import RedisStore
-from chainrt.store._cluster import close_client, cluster_client
 from chainrt.testing.store_conformance import make_run
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow]

@@ -159,3 +159,40 @@ async def test_the_repair_puts_back_every_lost_entry_and_skips_runs_that_are_gon
     scores = [await raw.zscore(store.keys.index, r) for r in ids]
     assert scores == [None, 101.0, 102.0, 103.0]
     await fresh.close()
+
+
+async def test_a_status_change_whose_lists_move_a_crash_cut_short_is_listed_by_the_repair(
+    redis_cluster: LocalCluster, cluster_url: str, raw: RedisCluster
+) -> None:
+    """A commit to another status writes the run and marks it in its slot's `unindexed` set in
+    one script; the sets' move goes to the index's master next. What a process killed between
+    the two leaves (the commit script alone, sent here as the store sends it): a fresh store's
+    repair moves the run into the sets of its new status, and empties the set."""
+    store = RedisStore(cluster_url)
+    run_id = _off_the_index(redis_cluster, store, "cut")
+    done = _off_the_index(redis_cluster, store, "done")
+    for rid, at in ((run_id, 1.0), (done, 2.0)):
+        await store.create_run(make_run(rid, chain="alpha", created_at=at))
+        await store.commit(rid, 1, _RUNNING, make_step("a"))
+    await store.commit(done, 1, RunProgress(status="failed", budget_used_ms=2.0))
+    unindexed = store.keys.unindexed(key_slot(store.keys.run(run_id).encode()))
+    assert await raw.smembers(unindexed) == set()  # each move acknowledged: taken out again
+    failed = store.keys.by_chain_status("alpha", "failed")
+    assert await raw.zrange(failed, 0, -1) == [done.encode()]
+
+    final = RunProgress(status="failed", budget_used_ms=3.0, release_owner=True)
+    args: list[str | bytes] = ["1", "failed", final.model_dump_json(), repr(time.time())]
+    args += ["", b"", "1", "0", "", b"", "0", run_id]
+    keys = [store.keys.run(run_id), store.keys.steps(run_id), unindexed]
+    assert await store._script("commit_marked", keys, args) == 0  # and then the crash
+    await store.close()
+    assert await raw.smembers(unindexed) == {run_id.encode()}
+    assert await raw.zrange(failed, 0, -1) == [done.encode()]  # not moved
+
+    fresh = RedisStore(cluster_url)
+    listed = await fresh.list_runs("failed", chain="alpha")  # its first call repairs
+    assert [r.run_id for r in listed] == [done, run_id]
+    assert [r.run_id for r in await fresh.list_runs("failed")] == [done, run_id]
+    assert await raw.smembers(unindexed) == set()
+    assert await fresh.list_runs("running", chain="alpha") == []  # the old entry is skipped
+    await fresh.close()

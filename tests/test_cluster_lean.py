@@ -1,4 +1,4 @@
-"""The bare-connection hot path on a Redis Cluster (chainrt.store._cluster_lean): commits and
+"""The bare-connection hot path on a Redis Cluster (chainrt.redis._cluster_lean): commits and
 limiter scripts go to the master of their slot, and a moved slot, a slot mid-migration or a lost
 connection sends the call through the cluster client, which follows it. A real local cluster."""
 
@@ -11,7 +11,7 @@ import redis
 from redis.crc import key_slot
 
 from chainrt.concurrency import KeyRequest, RedisLimiter
-from chainrt.concurrency._keys import DEFAULT_PREFIX, key_names
+from chainrt.redis.keys import LIMITER_PREFIX, key_names
 from chainrt.store import RedisStore, RunProgress
 from chainrt.testing.redis_cluster import LocalCluster
 from chainrt.testing.reshard import migrate_slot
@@ -159,7 +159,7 @@ async def test_the_limiter_follows_a_moved_key(
     try:
         held = await limiter.acquire([KeyRequest("moving", 1)], timeout_s=2, holder="a")
         await held.release()
-        holders = key_names(DEFAULT_PREFIX, "moving")[0]
+        holders = key_names(LIMITER_PREFIX, "moving")[0]
         source = redis_cluster.master_of(holders)
         target = _other_master(redis_cluster, source)
         slot = key_slot(holders.encode())

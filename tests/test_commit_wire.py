@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from chainrt.redis import pack_args
 from chainrt.store._commit_wire import commit_wire
-from chainrt.store._lean import pack_args
 
 HEAD = b"*16\r\n" + pack_args(("EVALSHA", "0" * 40, "2"))
 KEYS = ("chainrt:run:{r-1}", "chainrt:steps:{r-1}")

@@ -1,7 +1,7 @@
 """The docker-compose system, checked without Docker: structure, wiring, and what it refers to.
 
 Docker does not run on this machine. ``docker compose config`` validates the file when the compose
-CLI is installed (it needs no engine); the rest always runs: the services DESIGN §8 asks for,
+CLI is installed (it needs no engine); the rest always runs: the services docs/tracing.md names,
 their ports and health checks, environment wiring that agrees with the pool file (read by
 chainrt's own pool parser), and every file, build stage, extra and command the compose file and
 the Dockerfile refer to.

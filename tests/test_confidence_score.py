@@ -1,4 +1,4 @@
-"""The confidence score: table tests of the pure function (formula in workers/engines/_confidence)."""
+"""The confidence score: table tests of the pure function (formula in chainrt/engines/_confidence)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from workers.engines._confidence import confidence_score, token_confidence, top_logprobs
+from chainrt.engines._confidence import confidence_score, token_confidence, top_logprobs
 
 LN = math.log
 
@@ -56,7 +56,7 @@ class _Logprob:
 
 
 def test_vllm_positions_give_each_tokens_top_k() -> None:
-    from workers.engines._vllm_support import token_top_logprobs
+    from chainrt.engines._vllm_support import token_top_logprobs
 
     # Position 1: the top 5 plus the sampled token (id 9) outside them: 6 entries, 5 kept.
     first = {i: _Logprob(LN(p)) for i, p in enumerate([0.5, 0.2, 0.1, 0.05, 0.04])}

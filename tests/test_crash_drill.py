@@ -1,4 +1,4 @@
-"""The crash drill (DESIGN §4): runners killed with ``kill -9`` at random moments, runs resumed.
+"""The crash drill: runners killed with ``kill -9`` at random moments, runs resumed.
 
 Every drilled run must complete with the right output; no step whose record was written runs
 again; every extra run of a step is the re-run of a step in flight at a kill (one per crash).
@@ -86,7 +86,8 @@ def _history(crash_at: int = 20) -> tuple[list[Process], list[Execution], dict[s
         pids = [100] if i < crash_at else [100, 200] if i == crash_at else [200]
         for pid in pids:
             t += 0.01 if pid == 100 or i > crash_at else 0.5
-            executions.append(Execution(step_id, pid, 1, t, f"{RUN}:{step_id}"))
+            attempt = 2 if pid == 200 and i == crash_at else 1  # the re-run counts on
+            executions.append(Execution(step_id, pid, attempt, t, f"{RUN}:{step_id}"))
         records[step_id] = StepRecord(
             step_id=step_id, status="completed", started_at=t - 0.001, finished_at=t + 0.003
         )
@@ -132,6 +133,16 @@ def test_verifier_catches_a_step_run_again_after_its_record() -> None:
     executions.append(Execution("s05", 200, 1, 1001.9, f"{RUN}:s05"))
     problems = _verify(processes, executions, records)
     assert any("s05 ran again in pid 200 after its record" in p for p in problems)
+
+
+def test_verifier_catches_a_rerun_told_it_is_attempt_1_again() -> None:
+    processes, executions, records = _history()
+    executions[:] = [
+        e if not (e.step == "s20" and e.pid == 200) else Execution("s20", 200, 1, e.t, e.key)
+        for e in executions
+    ]
+    problems = _verify(processes, executions, records)
+    assert any("s20 re-ran as attempt 1 after attempt 1" in p for p in problems)
 
 
 def test_verifier_catches_a_rerun_without_a_crash() -> None:

@@ -18,7 +18,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from browser_fixtures import CHROMIUM, Page, checked_page, chromium, submit, wait_status
+from browser_fixtures import (
+    BROWSER_TEST,
+    Page,
+    checked_page,
+    chromium,
+    submit,
+    wait_status,
+)
 from worker_fixtures import WorkerProcess, free_port
 
 from chainrt.testing.redis_server import RedisServer
@@ -27,14 +34,7 @@ from chainrt.testing.serve_process import ServeProcess
 CHAINS = Path(__file__).parent / "data" / "dashboard"
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (scripts/setup installs Debian's chromium)",
-    ),
-]
+pytestmark = BROWSER_TEST
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (the dev extra has it)"
 )

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_fixtures import CHROMIUM, Page, checked_page, chromium, submit, wait_status
+from browser_fixtures import (
+    BROWSER_TEST,
+    Page,
+    checked_page,
+    chromium,
+    submit,
+    wait_status,
+)
 from worker_fixtures import WorkerProcess
 
 from chainrt.testing.redis_server import RedisServer
@@ -24,14 +31,7 @@ from chainrt.testing.serve_process import ServeProcess
 CHAINS = Path(__file__).parent / "data" / "dashboard"
 JAEGER = "http://jaeger.example:16686"  # only the links' base: nothing is fetched from it
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (scripts/setup installs Debian's chromium)",
-    ),
-]
+pytestmark = BROWSER_TEST
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (the dev extra has it)"
 )
@@ -98,7 +98,7 @@ def server(
     failing.post("/admin/faults", json={"error_rate": 1.0})
     pool = tmp_path_factory.mktemp("dashboard-marks") / "pool.yaml"
     # Capacities 1e12 : 1e-6: the first attempt goes to the failing endpoint (the other is
-    # chosen first with a chance of 1 in 1e18), the retry to the other one (DESIGN §7 choice).
+    # chosen first with a chance of 1 in 1e18), the retry to the other one (the endpoint choice of docs/dispatch.md).
     pool.write_text(
         "models:\n"
         "  flaky:\n"

@@ -12,9 +12,9 @@ import pytest
 from worker_fixtures import WorkerProcess, free_port
 
 import chainrt
+from chainrt.engines import get_local_engine
 from chainrt.errors import SpecError
 from chainrt.store import StepRecord, open_store
-from workers.engines import get_local_engine
 
 pytestmark = pytest.mark.slow
 

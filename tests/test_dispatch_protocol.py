@@ -25,7 +25,7 @@ from chainrt.dispatch import (
     make_dispatcher,
     parse_pool_config,
 )
-from chainrt.dispatch._http import error_from_response, parse_retry_after
+from chainrt.dispatch._http_wire import error_from_response, parse_retry_after
 from chainrt.dispatch._policy import MIN_JUDGED_UNKNOWN_S
 
 Reply = tuple[int, dict[str, str], Any] | None
@@ -258,8 +258,12 @@ async def test_5xx_retries_on_the_other_endpoint_at_once(stubs: list[Stub]) -> N
     good = await serve(stubs, lambda n, h, b: OK)
     dispatcher = dispatcher_for(bad.url, good.url)
     try:
-        # Whichever is chosen first, with two tries the answer comes from `good`.
-        for _ in range(6):
+        # Whichever is chosen first, with two tries the answer comes from `good`. The choice
+        # is random: 6 calls missed `bad` once in CI (1 in 64); up to 40 calls, stopping once
+        # it was chosen, miss it about once in 10^12.
+        for _ in range(40):
+            if bad.posts:
+                break
             answer = await dispatcher.complete(call(attempts=2), time.time() + 5)
             assert answer.endpoint == good.url
             if answer.attempts[0].endpoint == bad.url:
@@ -268,7 +272,7 @@ async def test_5xx_retries_on_the_other_endpoint_at_once(stubs: list[Stub]) -> N
                 assert first.detail == "HTTP 500: boom; retrying on another endpoint"
     finally:
         await dispatcher.close()
-    assert bad.posts, "the failing endpoint was never chosen in 6 calls"
+    assert bad.posts, "the failing endpoint was never chosen in 40 calls"
 
 
 async def test_retry_after_is_honoured_when_it_fits(stubs: list[Stub]) -> None:

@@ -1,4 +1,4 @@
-"""``Runtime.stream`` (DESIGN §11, §13) carries an LLM step's tokens as dispatch streams them.
+"""``Runtime.stream`` (README.md; docs/serve.md, Run events) carries an LLM step's tokens as dispatch streams them.
 
 Real components: the in-process local model (llama.cpp, SmolLM2) behind dispatch, a SQLite
 store. Generation is greedy, so the streamed pieces joined must equal the step's answer.
@@ -12,7 +12,7 @@ import pytest
 
 import chainrt
 from chainrt import Runtime
-from workers.engines import get_local_engine
+from chainrt.engines import get_local_engine
 
 pytestmark = pytest.mark.slow
 

@@ -24,6 +24,7 @@ import pytest
 from chat_stub import ChatStub, serve
 
 from chainrt.dispatch import make_dispatcher
+from chainrt.dispatch._adapt import RECENT_S
 from chainrt.dispatch._endpoints import EndpointState, Ticket
 from chainrt.dispatch._http import HttpBackend, _trial_deadline
 from chainrt.dispatch._policy import trial_span
@@ -84,7 +85,9 @@ async def test_a_trial_on_a_hung_endpoint_is_cut_at_the_models_p90(
         assert TRIAL_MARK not in (first.detail or "")
         assert (answered.endpoint, answered.status) == (slow_stub.url, "ok")
         assert table.state(silent).breakers["timeout"].phase == "open"
-        await asyncio.sleep(0.4)  # past the cool-down: the next request there is the trial
+        # Past the cool-down, and past the second for which the cut marks the endpoint slow
+        # (avoided while another answers): the next request there is the trial.
+        await asyncio.sleep(max(0.4, RECENT_S + 0.1))
         cap = trial_span(dispatcher.expected("primary", call, 1, 0.9), something_after=True)
         assert cap is not None
         tried = await dispatcher.complete(call, time.time() + 10)

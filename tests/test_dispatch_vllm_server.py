@@ -100,7 +100,7 @@ class VllmServer:
 
 @pytest.fixture(scope="module")
 def vllm_server() -> Iterator[VllmServer]:
-    from workers.engines._hf_cache import ensure_hf_model
+    from chainrt.engines._hf_cache import ensure_hf_model
 
     server = VllmServer(ensure_hf_model()).start()
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from chainrt._errors import EngineOOM, WorkerError
-from workers.engines import (
+from chainrt.engines import (
     ChatMessage,
     ContextLengthExceeded,
     GenerationRequest,
@@ -20,7 +20,7 @@ from workers.engines import (
     get_local_engine,
     resolve_model_path,
 )
-from workers.engines._textstream import TextAssembler
+from chainrt.engines._textstream import TextAssembler
 
 
 @pytest.fixture(scope="module")

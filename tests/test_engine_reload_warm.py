@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engines import ChatMessage, GenerationRequest, LocalEngine
+from chainrt.engines import ChatMessage, GenerationRequest, LocalEngine
 
 
 def ask() -> GenerationRequest:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from workers.engines import ChatMessage, EngineRetired, GenerationRequest, LocalEngine
+from chainrt.engines import ChatMessage, EngineRetired, GenerationRequest, LocalEngine
 
 STORY = [ChatMessage("user", "Write a very long story about a dragon and a knight.")]
 

@@ -17,8 +17,8 @@ from bench_loader import gpu_oom_bench
 from jsonschema import Draft202012Validator
 from structured_schemas import SCHEMAS, bounded, prompt_for
 
+from chainrt.engines import ChatMessage, GenerationRequest, LocalEngine
 from chainrt.errors import WorkerError
-from workers.engines import ChatMessage, GenerationRequest, LocalEngine
 
 IDS = [name for name, _ in SCHEMAS]
 
@@ -73,7 +73,7 @@ def test_local_engine_refuses_a_schema_its_grammar_cannot_express(local: LocalEn
 def torch_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("torch")
     pytest.importorskip("llguidance")
-    from workers.engines._torch import TorchEngine
+    from chainrt.engines._torch import TorchEngine
 
     bench = gpu_oom_bench()
     folder = bench.build_random_model(tmp_path_factory.mktemp("tiny") / "m", layers=2, hidden=128)

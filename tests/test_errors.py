@@ -14,7 +14,7 @@ import chainrt
 import chainrt.errors as errors
 from chainrt import wire
 from chainrt.dispatch import LlmCall, make_dispatcher
-from chainrt.dispatch._http import error_from_response
+from chainrt.dispatch._http_wire import error_from_response
 
 _NODE = re.compile(r"^(?P<prefix>[ │├└─]*)(?P<name>[A-Z][A-Za-z]+)\s+(?P<doc>.*)$")
 _WHERE = re.compile(r"^\((?P<module>[a-z_.]+)\)")
@@ -30,7 +30,7 @@ _MODULES = (
     "chainrt.tracing",
     "chainrt.cli",
     "chainrt.serve",
-    "workers.engines",
+    "chainrt.engines",
     "workers.server",
 )
 
@@ -99,8 +99,8 @@ def test_the_drawn_tree_is_the_class_hierarchy() -> None:
 def test_every_error_is_one_class_wherever_it_is_imported_from() -> None:
     import chainrt._errors as compat
     import chainrt.dispatch as dispatch
-    import workers.engines as engines
-    from workers.engines import _base
+    import chainrt.engines as engines
+    from chainrt.engines import _base
 
     for name in errors.__all__:
         assert getattr(chainrt, name) is getattr(errors, name)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from chainrt._lease import Heartbeat, new_lease
+import pytest
+
+from chainrt._records import RunProgress, RunRecord
+from chainrt.errors import LeaseReleased
+from chainrt.runs._lease import Heartbeat, new_lease
 from chainrt.store import open_store
-from chainrt.store._records import RunRecord
 
 
 def _record(run_id: str, ttl_s: float) -> RunRecord:
@@ -66,6 +69,36 @@ async def test_heartbeat_reports_a_takeover(tmp_path: Path) -> None:
         beat.start()
         await asyncio.wait_for(fenced.wait(), timeout=10)  # generous: a loaded 2-core machine
         assert beat.fenced
+        await beat.stop()
+        assert _heartbeats() == []
+    finally:
+        await store.close()
+
+
+async def test_a_lease_released_by_this_process_is_no_takeover(tmp_path: Path) -> None:
+    """The run's own final commit landed (in a failover its reply may be lost and retried
+    while the heartbeat renews): the heartbeat stops quietly instead of cancelling the run,
+    whose cancellation would release it again as ``running`` over its final status."""
+    store = open_store(f"sqlite:///{tmp_path / 'hb.db'}")
+    try:
+        ttl_s = 0.15
+        await store.create_run(_record("hb-3", ttl_s))
+        done = RunProgress(status="completed", budget_used_ms=1.0, release_owner=True)
+        await store.commit("hb-3", 1, done)
+        with pytest.raises(LeaseReleased):  # what the heartbeat meets; still a FencedOut
+            await store.renew("hb-3", 1, 0.0)
+        fenced: list[bool] = []
+        beat = Heartbeat(store, "hb-3", 1, ttl_s, on_fenced=lambda: fenced.append(True))
+        beat.start()
+        await asyncio.sleep(ttl_s)  # two renewals were due; the first one stopped it
+        for _ in range(100):  # a loaded machine: the first renewal may come late
+            if beat._stopped:
+                break
+            await asyncio.sleep(0.05)
+        assert beat._stopped
+        assert fenced == []
+        assert not beat.fenced
+        assert (await store.get_run("hb-3")).status == "completed"
         await beat.stop()
         assert _heartbeats() == []
     finally:

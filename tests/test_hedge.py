@@ -1,4 +1,4 @@
-"""``llm.hedge`` (DESIGN §7): the step field, its validation, and the pure hedge decision.
+"""``llm.hedge`` (docs/dispatch.md): the step field, its validation, and the pure hedge decision.
 
 The hedged attempts themselves run against real workers in ``test_dispatch_hedge.py``.
 """

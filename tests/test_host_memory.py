@@ -1,4 +1,4 @@
-"""The CPU engines' view of host memory (workers/engines/_host_memory.py).
+"""The CPU engines' view of host memory (chainrt/engines/_host_memory.py).
 
 CI once failed every torch-engine test of its slow tier with HTTP 429 ``0 tokens fit now``: the
 engine read ``MemFree``, which the page cache of a freshly installed machine had driven near zero.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.engines._host_memory import cgroup_limit, host_memory, meminfo_bytes
+from chainrt.engines._host_memory import cgroup_limit, host_memory, meminfo_bytes
 
 # A machine after a large install: 1 GiB free, 20 GiB available (page cache).
 MEMINFO = """MemTotal:       24000000 kB

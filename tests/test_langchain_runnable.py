@@ -1,4 +1,4 @@
-"""Chains as LangChain Runnables, and Runnables as chain steps (DESIGN §11).
+"""Chains as LangChain Runnables, and Runnables as chain steps (README.md).
 
 Everything is real: chains run on the real runner against a SQLite store in a temp dir; the LCEL
 example's reply step asks the in-process SmolLM2 model.
@@ -229,18 +229,20 @@ def test_stream_yields_step_events_then_the_output(
     assert all(isinstance(e, ChainEvent) for e in events)
     assert output == {"y": 10, "s": "YO"}
     assert not isinstance(output, ChainEvent)
-    assert [(e["event"], e.get("step")) for e in events] == [
+    assert [(e["type"], e.get("step_id")) for e in events] == [
         ("run_started", None),
         ("step_started", "double"),
+        ("attempt", "double"),
         ("step_finished", "double"),
         ("step_started", "shout"),
+        ("attempt", "shout"),
         ("step_finished", "shout"),
         ("run_finished", None),
     ]
     assert len({e["run_id"] for e in events}) == 1
-    finished = events[2]
+    finished = events[3]
     assert finished["status"] == "completed"
-    assert finished["output"] == {"y": 10}
+    assert finished["attempts"] == 1
     assert events[-1]["status"] == "completed"
     assert events[-1]["budget"]["total_ms"] == 5000
 
@@ -254,7 +256,7 @@ async def test_async_invoke_batch_and_stream(
     assert await pipeline.abatch([demo_input(tmp_path, i) for i in range(4)]) == [0, 2, 4, 6]
     chunks = [c async for c in runnable.astream(demo_input(tmp_path, 7, "q"))]
     assert chunks[-1] == {"y": 14, "s": "Q"}
-    assert [c["event"] for c in chunks[:-1]][::5] == ["run_started", "run_finished"]
+    assert [c["type"] for c in chunks[:-1]][::7] == ["run_started", "run_finished"]
 
 
 async def test_astream_events_report_the_run_under_its_name(
@@ -272,7 +274,7 @@ async def test_astream_events_report_the_run_under_its_name(
     assert mine[-1]["event"] == "on_chain_end"
     assert mine[-1]["data"]["output"] == {"y": 2, "s": "EV"}
     streamed = [e["data"]["chunk"] for e in mine if e["event"] == "on_chain_stream"]
-    assert [c["event"] for c in streamed[:-1]][:2] == ["run_started", "step_started"]
+    assert [c["type"] for c in streamed[:-1]][:2] == ["run_started", "step_started"]
     assert all("t1" in e["tags"] for e in mine)
     # The runnable step shows up as a child run, inside the chain's run.
     child = [e for e in seen if e["event"] == "on_chain_start" and e["name"] != "support"]
@@ -461,7 +463,7 @@ def test_closing_a_stream_early_stops_the_run_and_frees_it(
     runnable = waiting.as_runnable(store=store_url)
     config: Any = {"configurable": {"run_id": "walk-away", "budget": "60s"}}
     for chunk in runnable.stream(inputs, config):
-        if chunk.get("event") == "step_started" and chunk["step"] == "patient":
+        if chunk.get("type") == "step_started" and chunk["step_id"] == "patient":
             break  # the consumer walks away while the step waits
     flag.touch()
     # The cancelled run gave its lease back: resuming it starts at once (no wait for expiry).
@@ -619,21 +621,26 @@ def test_the_lcel_example_answers_with_the_local_model(store_url: str) -> None:
     # loaded CI machine (60 tokens from the local model took over 8 s under load) gets more.
     config: RunnableConfig = {"configurable": {"budget": "60s"}}
     events = list(
-        chain.as_runnable(store=store_url).stream({"question": "Where is order 1042?"}, config)
+        chain.as_runnable(store=store_url).stream(
+            {"user_id": "u1", "question": "Where is order 1042?"}, config
+        )
     )
     output = events[-1]
     assert output["order"]["order_id"] == "1042"
     assert isinstance(output["answer"], str)
     assert output["answer"].strip()
-    reply = next(e for e in events if e.get("event") == "step_finished" and e["step"] == "reply")
+    reply = next(e for e in events if e.get("type") == "step_finished" and e["step_id"] == "reply")
     assert reply["status"] == "completed"
-    assert reply["output"] == output["answer"]
+    # Step outputs are not in the events (as over SSE); the run's output is, in run_finished.
+    assert "output" not in reply
+    assert (events[-2]["type"], events[-2]["output"]) == ("run_finished", output)
 
     # The other direction: the whole chain as the first step of an LCEL pipeline.
     pipeline = resolve_object(
         "lcel_example.py:support_pipeline", chain_dir=root, allowed_modules=()
     )
-    text = pipeline(store=store_url).invoke({"question": "Is order 1017 shipped yet?"}, config)
+    question = {"user_id": "u2", "question": "Is order 1017 shipped yet?"}
+    text = pipeline(store=store_url).invoke(question, config)
     assert text.startswith("Order 1017: processing\n")
 
 

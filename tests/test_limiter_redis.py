@@ -13,7 +13,7 @@ import redis.asyncio as aredis
 
 from chainrt._errors import ConcurrencyError, ConcurrencyRejected, StoreUnavailable
 from chainrt.concurrency import KeyRequest, Limiter, LocalLimiter, RedisLimiter, open_limiter
-from chainrt.concurrency._keys import key_names
+from chainrt.redis.keys import key_names
 from chainrt.testing.limiter_conformance import Leftovers, LimiterConformance
 from chainrt.testing.redis_server import RedisServer
 

@@ -11,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from chainrt.concurrency import KeyRequest, Limiter, RedisLimiter, open_limiter
-from chainrt.concurrency._keys import key_names
+from chainrt.redis.keys import key_names
 from chainrt.testing.limiter_conformance import Leftovers, LimiterConformance
 from chainrt.testing.redis_cluster import LocalCluster
 

@@ -1,4 +1,4 @@
-"""The ``low_confidence`` breaker (DESIGN §7, issue 17): answers scored below the threshold count
+"""The ``low_confidence`` breaker (docs/dispatch.md, issue 17): answers scored below the threshold count
 against their endpoint; once the share in the window opens the breaker, later steps skip that
 endpoint at once and go to their fallback.
 

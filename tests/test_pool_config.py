@@ -118,7 +118,7 @@ def test_minimal_file_gets_defaults() -> None:
             "models:\n  m:\n    endpoints: [{url: 'http://h:1'}]\nbreakers:\n  teapot: {window: 2}\n",
             5,
             "breakers.teapot",
-            "'connect', 'timeout', '5xx', 'oom', 'overloaded' or 'low_confidence'",
+            "'connect', 'timeout', '5xx', 'oom', 'overloaded', 'low_confidence' or 'auth'",
         ),
         (
             "models:\n  m:\n    endpoints: [{url: 'http://h:1'}]\nhealth:\n  interval: 0s\n",

@@ -1,8 +1,9 @@
 """chainrt's public face: ``__all__`` pinned, lazy imports, and the chainrt ↔ workers boundary.
 
-``chainrt`` and ``workers`` talk through public names only (``chainrt.errors``, ``chainrt.wire``,
-``chainrt.tracing``, ``chainrt.Settings``; ``workers.engines``), so either side can reorganise
-its private modules freely. The CLI imports what a command needs when it runs: which modules
+``workers`` uses chainrt through public names only (``chainrt.errors``, ``chainrt.wire``,
+``chainrt.toolcalls``, ``chainrt.engines``, ``chainrt.tracing``, ``chainrt.Settings``) and chainrt
+never imports ``workers``, so either side can reorganise its private modules freely (the layers:
+docs/architecture.md). The CLI imports what a command needs when it runs: which modules
 ``--help``, ``validate`` and ``runs`` load is pinned here (their timings are measured by
 ``bench/cli_startup.py``, never asserted).
 """
@@ -43,6 +44,7 @@ def test_chainrt_all_is_pinned() -> None:
         "FencedOut",
         "InputError",
         "InsufficientMemory",
+        "LeaseReleased",
         "NoEndpoint",
         "RecordTooLarge",
         "RunEvent",
@@ -51,6 +53,7 @@ def test_chainrt_all_is_pinned() -> None:
         "RunResult",
         "Runtime",
         "Settings",
+        "SignalRefused",
         "SpecError",
         "StepContext",
         "StepError",
@@ -118,6 +121,25 @@ def test_wire_all_is_pinned_and_documented() -> None:
             assert inspect.getdoc(value), f"chainrt.wire.{name} has no docstring"
 
 
+def test_toolcalls_all_is_pinned_and_documented() -> None:
+    from chainrt import toolcalls
+
+    assert sorted(toolcalls.__all__) == [
+        "ANY_JSON_OBJECT",
+        "InvalidSchema",
+        "ToolCall",
+        "ToolSpec",
+        "check_json_schema",
+        "parse_tool_answer",
+        "tool_call_schema",
+        "tools_instruction",
+    ]
+    for name in toolcalls.__all__:
+        value = getattr(toolcalls, name)
+        if inspect.isfunction(value) or inspect.isclass(value):
+            assert inspect.getdoc(value), f"chainrt.toolcalls.{name} has no docstring"
+
+
 # ------------------------------------------------------------------------ package boundary
 
 
@@ -182,6 +204,7 @@ _HEAVY = (
     "chainrt.dispatch",
     "chainrt._runner",
     "chainrt.concurrency",
+    "chainrt.engines",
     "workers",
 )
 _PROBE = """
@@ -231,6 +254,7 @@ def test_import_chainrt_errors_and_wire_need_only_the_standard_library(
     assert _heavy(loaded, ("pydantic", "pydantic_settings", "yaml", "asyncio")) == []
     assert {m for m in loaded if m.startswith("chainrt")} == {
         "chainrt",
+        "chainrt._version",
         "chainrt.errors",
         "chainrt.wire",
     }
@@ -258,7 +282,7 @@ def test_runs_loads_the_store_but_no_dispatch(clean_env: dict[str, str], tmp_pat
 
 def test_the_engines_package_loads_no_pydantic(clean_env: dict[str, str]) -> None:
     # The local model's engine lives in the runner too (``local``): importing it stays cheap.
-    loaded = _loaded("import workers.engines", env=clean_env)
-    assert "workers.engines._llamacpp" in loaded
+    loaded = _loaded("import chainrt.engines", env=clean_env)
+    assert "chainrt.engines._llamacpp" in loaded
     heavy = ("pydantic", "pydantic_settings", "llama_cpp", "httpx", "chainrt._runner")
     assert sorted(m for m in loaded if m.split(".")[0] in heavy or m in heavy) == []

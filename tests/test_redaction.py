@@ -18,11 +18,11 @@ from typing import ClassVar
 import pytest
 
 import chainrt
+from chainrt._records import AttemptRecord, StepRecord
+from chainrt._redact import redact_text
 from chainrt.cli import main
 from chainrt.errors import CheckpointError
 from chainrt.store import open_store
-from chainrt.store._records import AttemptRecord, StepRecord
-from chainrt.store._url import redact_text
 
 SECRET = "hunter2"
 

@@ -1,4 +1,4 @@
-"""The bare-connection hot path (chainrt.store._lean): what it sends, what it hands back, and that
+"""The bare-connection hot path (chainrt.redis._lean): what it sends, what it hands back, and that
 a call cut short never leaves its reply to be read by the next one. A real redis-server."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from chainrt.store._lean import LeanRedis, pack
+from chainrt.redis import LeanRedis, pack
 
 pytestmark = pytest.mark.redis
 

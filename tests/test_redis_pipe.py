@@ -1,4 +1,4 @@
-"""Commands pipelined on one connection (chainrt.store._pipe, LeanRedis.pipelined): written as they
+"""Commands pipelined on one connection (chainrt.redis._pipe, LeanRedis.pipelined): written as they
 come (never behind another's round trip), a loop turn's commands in one write, replies handed out
 in order, and a pipe that breaks (timeout, lost connection, a reply nobody asked for, close) fails
 what it had in flight and is replaced. A real redis-server; BLPOP holds a reply as long as a test
@@ -15,8 +15,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from chainrt.store._lean import LeanRedis, pack
-from chainrt.store._pipe import Pipe
+from chainrt.redis import LeanRedis, pack
+from chainrt.redis._pipe import Pipe
 
 pytestmark = pytest.mark.redis
 

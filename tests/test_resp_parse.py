@@ -1,5 +1,5 @@
-"""The reply parser (chainrt.store._resp_parse) gives the same replies for the same bytes fed
-straight in (the pipe) or read from a stream (chainrt.store._resp.read_replies, a bare
+"""The reply parser (chainrt.redis._resp_parse) gives the same replies for the same bytes fed
+straight in (the pipe) or read from a stream (chainrt.redis._resp.read_replies, a bare
 connection), however they are cut into chunks. tests/test_redis_lean.py checks them against
 redis-py's own parsers on a real server."""
 
@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Connection
 from redis.exceptions import BusyLoadingError, InvalidResponse, NoScriptError, ResponseError
 
-from chainrt.store._resp import read_replies
-from chainrt.store._resp_parse import INCOMPLETE, ReplyParser
+from chainrt.redis._resp import read_replies
+from chainrt.redis._resp_parse import INCOMPLETE, ReplyParser
 
 REPLIES = [
     b":42\r\n",

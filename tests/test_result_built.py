@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from chainrt._result import RunResult
+from chainrt._records import RunRecord, StepRecord
+from chainrt._result import RunResult, step_usage
 from chainrt.store._built import attempt_record, step_record
-from chainrt.store._records import RunRecord, StepRecord
 
 SPEC: dict[str, Any] = {
     "steps": [
@@ -52,6 +52,10 @@ def _validated(run: RunRecord, steps: dict[str, StepRecord]) -> RunResult:
                     "verification_status": rec.verification_status,
                     "degraded": rec.degraded,
                     "contradictions": rec.contradictions,
+                    "path": rec.step_id,
+                    "branch": None,
+                    "steps": None,
+                    "usage": step_usage(rec),
                 }
                 for step_id in order
                 if isinstance(step_id, str) and (rec := steps.get(step_id)) is not None
@@ -60,6 +64,7 @@ def _validated(run: RunRecord, steps: dict[str, StepRecord]) -> RunResult:
             "error": run.error,
             "degraded": built.llm_answers.static > 0,
             "llm_answers": built.llm_answers,  # as it was passed before
+            "usage": built.usage,
         }
     )
 

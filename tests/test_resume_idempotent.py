@@ -18,11 +18,11 @@ from typing import Any, cast
 import pytest
 
 import chainrt
+from chainrt._records import OwnerLease, RunRecord
 from chainrt._runner import Runner
 from chainrt.concurrency import LocalLimiter
 from chainrt.dispatch import make_dispatcher
 from chainrt.store import CheckpointStore, open_store
-from chainrt.store._records import OwnerLease, RunRecord
 
 CHAIN = """\
 name: slow

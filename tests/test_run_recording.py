@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import chainrt
+from chainrt._records import StepRecord
 from chainrt._run import settle
 from chainrt.spec import parse_spec
 from chainrt.store import open_store
-from chainrt.store._records import StepRecord
 
 TOOLS = """\
 import json

@@ -150,7 +150,7 @@ async def test_resume_runs_only_the_steps_without_a_record(
 
 
 def _bounds_ms(total: float, used_ms: tuple[float, float], share: float) -> tuple[float, float]:
-    """DESIGN §3: ``(T - used) * w_k / sum(w_j)`` for the least and most budget used so far."""
+    """docs/chain-format.md, Budget: ``(T - used) * w_k / sum(w_j)`` for the least and most budget used so far."""
     least, most = used_ms
     return (total - most) * share, (total - least) * share
 

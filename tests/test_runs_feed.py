@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,9 +17,9 @@ import redis.asyncio as aioredis
 
 from chainrt._bus import EventPublisher, runs_channel
 from chainrt._events import RunEvent
+from chainrt._records import RunRecord
 from chainrt.serve._feed import RunsFeed, parse_notice
 from chainrt.store import open_store
-from chainrt.store._records import RunRecord
 
 
 def record(run_id: str, status: str = "queued", created_at: float = 1000.0) -> RunRecord:
@@ -121,6 +122,7 @@ async def test_created_and_status_events_reconnect_and_close(sqlite_store: Any) 
         "budget": {"total_ms": 1000.0, "used_ms": 0.0},
         "created_at": 1000.0,
         "updated_at": 1000.0,
+        "reason": None,  # the record's error (a GET /v1/runs row's reason, where it has one)
     }
     feed.observe(RunEvent("run_started", "r1", 1001.0, data={"chain": "demo"}))
     feed.notify("r1", "running")  # the same change twice (local and bus): told once
@@ -213,3 +215,42 @@ def test_notices_are_parsed_strictly() -> None:
     assert parse_notice(b'{"status": "queued"}') is None
     assert parse_notice(b"[1, 2]") is None
     assert parse_notice(b"\xff not json") is None
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+async def test_a_store_outage_is_one_line_and_names_the_feed_until_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from chainrt.testing.redis_server import RedisServer
+
+    with RedisServer() as server:
+        store = open_store(server.url)
+        feed = RunsFeed(store, poll_s=0.05)
+        try:
+            reader = Reader(feed)
+            assert (await reader.event())["event"] == "reload"
+            server.stop()  # Redis away: every poll of the store fails
+            await _until(lambda: _failures(feed), True)
+            assert not feed.health.up
+            assert feed.health.describe().startswith("feed loop down")
+            server.start()
+            await _until(lambda: _up(feed), True)
+            await reader.close()
+        finally:
+            await feed.close()
+            await store.close()
+    # One line opens the outage, one closes it, whichever way the store's error came (the
+    # feed's own catch or its supervisor's): not one per poll (there were at least 5).
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    about_feed = [m for m in said if "feed" in m]
+    assert len(about_feed) == 2, said
+    assert "working again" in about_feed[1], about_feed
+
+
+async def _failures(feed: RunsFeed) -> bool:
+    return feed.health.failures >= 5
+
+
+async def _up(feed: RunsFeed) -> bool:
+    return feed.health.up

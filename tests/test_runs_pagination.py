@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 import chainrt
+from chainrt._records import RunRecord
 from chainrt.serve._listing import decode_cursor, encode_cursor
 from chainrt.store import open_store
-from chainrt.store._records import RunRecord
-from chainrt.store._sqlite_schema import LIST_BEFORE_SQL, LIST_STATUS_BEFORE_SQL
+from chainrt.store._sqlite_schema import list_sql
 from chainrt.testing.serve_process import ServeProcess
 
 RUNS = 100_000
@@ -77,8 +77,10 @@ def test_plans_use_the_index_without_sorting(big: tuple[Path, list[Any]]) -> Non
     db, _ = big
     conn = sqlite3.connect(db)
     for sql, args in (
-        (LIST_BEFORE_SQL, (0.0, 1e12, "x", 50)),
-        (LIST_STATUS_BEFORE_SQL, (0.0, "partial", 1e12, "x", 50)),
+        (list_sql(status=False, chain=False, before=True), (0.0, 1e12, "x", 50)),
+        (list_sql(status=True, chain=False, before=True), (0.0, "partial", 1e12, "x", 50)),
+        (list_sql(status=False, chain=True, before=True), (0.0, "tiny", 1e12, "x", 50)),
+        (list_sql(status=False, chain=True, before=False), (0.0, "nope", 50)),
     ):
         plan = " | ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args))
         assert "USING INDEX runs_by_" in plan, plan
@@ -148,13 +150,17 @@ def test_api_pages_follow_the_cursor(server: ServeProcess, big: tuple[Path, list
     assert [r["run_id"] for r in status.json()] == [r[1] for r in made if r[2] == "failed"][:10]
 
 
-def test_chain_filter_reads_a_bounded_slice_and_continues(server: ServeProcess) -> None:
-    # "tiny" is the chain of every run: the filter fills its page at once.
-    assert len(server.get("/v1/runs", params={"chain": "tiny", "limit": 20}).json()) == 20
-    # No run of "steps": a page reads at most SCAN_MAX runs, answers none, and says where to go on.
+def test_chain_filter_reads_the_chains_index(server: ServeProcess) -> None:
+    # "tiny" is the chain of every run: the filter fills its page at once, and goes on.
+    tiny = server.get("/v1/runs", params={"chain": "tiny", "limit": 20})
+    assert len(tiny.json()) == 20
+    assert "x-next-cursor" in tiny.headers
+    # No run of "steps": the chain's index is empty, so the answer is at once: none, no cursor.
     empty = server.get("/v1/runs", params={"chain": "steps"})
     assert empty.json() == []
-    assert "x-next-cursor" in empty.headers
+    assert "x-next-cursor" not in empty.headers
+    both = server.get("/v1/runs", params={"chain": "tiny", "status": "nope"})
+    assert both.json() == []
 
 
 @pytest.mark.parametrize("bad", ["x", "bm9wZQ", "WzEsMiwzXQ", "WyJhIiwiYiJd", "WzEuMCwyXQ"])

@@ -22,9 +22,10 @@ import redis
 
 import chainrt
 from chainrt import UntrustedRecord
+from chainrt.redis.keys import StoreKeys
 from chainrt.spec import spec_from_dict
 from chainrt.store import open_store
-from chainrt.store._keys import RunFields, StoreKeys
+from chainrt.store._scripts import RunFields
 
 STDLIB = Path(os.__file__).parent
 
@@ -203,7 +204,7 @@ async def test_stored_references_resolve_only_inside_chain_roots(
 
 
 async def write_run(store_url: str, run_id: str, spec: dict[str, Any], source: Path | None) -> None:
-    from chainrt.store._records import RunRecord
+    from chainrt._records import RunRecord
 
     store = open_store(store_url)
     try:

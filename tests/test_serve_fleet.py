@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chainrt._records import RunRecord, StepRecord
 from chainrt.store import open_store
-from chainrt.store._records import RunRecord, StepRecord
 from chainrt.testing.serve_process import ServeProcess
 
 CHAINS = Path(__file__).parent / "data" / "serve"

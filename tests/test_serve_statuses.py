@@ -82,7 +82,8 @@ def test_runs_and_inspect_show_queued_and_cancelled(tmp_path: Path) -> None:
             "dropped": "cancelled",
         }
         assert json.loads(cli(store, "inspect", "hold", "--json"))["status"] == "cancelled"
-        assert "status   cancelled" in cli(store, "inspect", "hold").splitlines()
+        # Its step in flight is where it stopped, recorded cancelled (issue 41).
+        assert "status   cancelled  stopped at nap" in cli(store, "inspect", "hold").splitlines()
     ran = [json.loads(line)["run"] for line in call_log.read_text().splitlines()]
     assert ran[0] == "hold"
     assert "dropped" not in ran  # cancelled while queued: it never started

@@ -15,14 +15,14 @@ import pytest
 
 import chainrt
 from chainrt import Runtime
-from chainrt import _budget as budget
 from chainrt._progress import Progress
+from chainrt._records import RunRecord
 from chainrt._run import plan_for, step_budget
+from chainrt.budget import _steps as budget
 from chainrt.errors import InputError, RecordTooLarge
 from chainrt.spec import ChainSpec, _dump, _roots, spec_from_dict
 from chainrt.spec._dump import spec_dump, spec_json
 from chainrt.store._codec import encode
-from chainrt.store._records import RunRecord
 
 CHAINS = Path(__file__).parent / "data" / "chains"
 

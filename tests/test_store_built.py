@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+from chainrt._records import AttemptRecord, RunProgress, StepRecord
 from chainrt.store._built import attempt_record, run_progress, step_record
 from chainrt.store._codec import encode
-from chainrt.store._records import AttemptRecord, RunProgress, StepRecord
 
 SECRET = "connect to http://bob:hunter2@db.example:5432 failed"
 

@@ -18,6 +18,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chainrt._errors import CheckpointError, CorruptRecord, StoreUnavailable
+from chainrt.redis import pack
 from chainrt.store import (
     DEFAULT_MAX_RECORD_BYTES,
     CheckpointStore,
@@ -28,7 +29,6 @@ from chainrt.store import (
     open_store,
     redact_url,
 )
-from chainrt.store._lean import pack
 from chainrt.testing.redis_server import RedisServer, free_port
 from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
 
@@ -83,8 +83,11 @@ async def rstore(redis_url: str) -> AsyncIterator[RedisStore]:
 async def test_key_layout_and_one_cluster_slot(rstore: RedisStore, raw: aioredis.Redis) -> None:
     await rstore.create_run(make_run("r:1"))
     await rstore.commit("r:1", 1, _RUNNING, make_step("a"))
+    lists = rstore.keys
     keys = ["chainrt:runs", "chainrt:{r:1}:run", "chainrt:{r:1}:steps"]
-    assert sorted(await raw.keys("*")) == keys
+    keys += [lists.by_status("running"), lists.by_chain("support_agent"), lists.chains]
+    keys.append(lists.by_chain_status("support_agent", "running"))
+    assert sorted(await raw.keys("*")) == sorted(keys)
     fields = await raw.hgetall("chainrt:{r:1}:run")
     assert (fields["status"], fields["token"]) == ("running", "1")
     assert (fields["owner_host"], fields["owner_pid"]) == ("host-a", "4242")
@@ -190,7 +193,11 @@ async def test_key_prefix(redis_url: str, raw: aioredis.Redis) -> None:
     store = RedisStore(redis_url, key_prefix="tenant7")
     await store.create_run(make_run())
     await store.close()
-    assert sorted(await raw.keys("*")) == ["tenant7:runs", "tenant7:{run-1}:run"]
+    lists = store.keys
+    keys = ["tenant7:runs", "tenant7:{run-1}:run", lists.by_status("running"), lists.chains]
+    keys += [lists.by_chain("support_agent"), lists.by_chain_status("support_agent", "running")]
+    assert sorted(await raw.keys("*")) == sorted(keys)
+    assert all(key.startswith("tenant7:") for key in keys)
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +315,95 @@ async def test_rediss_url_speaks_tls(tls_redis: tuple[int, Path]) -> None:
     with pytest.raises(StoreUnavailable):  # a plain-text client cannot talk to it
         await plain.get_run("run-1")
     await plain.close()
+
+
+async def test_runs_of_an_older_version_are_put_into_the_status_and_chain_lists(
+    rstore: RedisStore, raw: aioredis.Redis
+) -> None:
+    # Runs written before the status and chain sets existed: the sets and the marker removed.
+    for i in range(5):
+        await rstore.create_run(make_run(f"old{i}", chain=f"c{i % 2}", created_at=100.0 + i))
+    await rstore.commit("old3", 1, RunProgress(status="failed", budget_used_ms=1.0))
+    keys = rstore.keys
+    await raw.delete(*keys.status_sets(), keys.by_chain("c0"), keys.by_chain("c1"), keys.chains)
+    await raw.delete(*keys.chain_status_sets("c0"), *keys.chain_status_sets("c1"))
+    await raw.delete(keys.lists_marker)
+    fresh = RedisStore(rstore.raw_url)
+    try:
+        # The first filtered page finds no marker and indexes every run once.
+        assert [r.run_id for r in await fresh.list_runs(chain="c0")] == ["old4", "old2", "old0"]
+        assert [r.run_id for r in await fresh.list_runs("failed")] == ["old3"]
+        assert [r.run_id for r in await fresh.list_runs("running", chain="c1")] == ["old1"]
+        assert await raw.exists(keys.lists_marker)
+        assert await raw.zcard(keys.by_status("running")) == 4
+        assert await raw.zrange(keys.by_chain_status("c1", "failed"), 0, -1) == ["old3"]
+    finally:
+        await fresh.close()
+
+
+async def test_a_step_commit_leaves_the_lists_alone_and_a_final_one_moves_the_run(
+    rstore: RedisStore, raw: aioredis.Redis
+) -> None:
+    # The step commit's script is the one it was: only a change of status touches the sets.
+    await rstore.create_run(make_run("s1", chain="alpha"))
+    keys = rstore.keys
+    running = keys.by_status("running")
+    assert await raw.zrange(running, 0, -1) == ["s1"]
+    await raw.zrem(running, "s1")  # were a step commit to write the set, it would be back
+    await rstore.commit("s1", 1, RunProgress(status="running", budget_used_ms=1.0), make_step())
+    assert await raw.zrange(running, 0, -1) == []
+    await raw.zadd(running, {"s1": 1.0})
+    await rstore.commit("s1", 1, RunProgress(status="completed", budget_used_ms=2.0))
+    assert await raw.zrange(running, 0, -1) == []
+    assert await raw.zrange(keys.by_status("completed"), 0, -1) == ["s1"]
+    assert await raw.zrange(keys.by_chain("alpha"), 0, -1) == ["s1"]
+    assert await raw.zrange(keys.by_chain_status("alpha", "completed"), 0, -1) == ["s1"]
+    assert await raw.zrange(keys.by_chain_status("alpha", "running"), 0, -1) == []
+
+
+async def _calls(raw: aioredis.Redis) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats)."""
+    stats = await raw.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def test_a_page_of_both_filters_walks_one_set_and_reads_only_what_it_returns(
+    rstore: RedisStore, raw: aioredis.Redis
+) -> None:
+    # 40 runs of c3 (none failed), 40 failed runs of c2: a page of c3 and failed matches none.
+    # Walking either filter's set and checking the other read 40 ids (100,000 runs: 10,000,
+    # 11x an unfiltered page in bench/list_filters.py); the chain-status set holds none.
+    for i in range(80):
+        await rstore.create_run(make_run(f"r{i}", chain=f"c{2 + i % 2}", created_at=100.0 + i))
+        if i % 2 == 0:
+            await rstore.commit(f"r{i}", 1, RunProgress(status="failed", budget_used_ms=1.0))
+    assert len(await rstore.list_runs("failed", 50, chain="c2")) == 40  # (indexes ready)
+    before = await _calls(raw)
+    assert await rstore.list_runs("failed", 50, chain="c3") == []
+    page = await rstore.list_runs("failed", 10, chain="c2")
+    after = await _calls(raw)
+    assert [r.run_id for r in page] == [f"r{i}" for i in range(78, 58, -2)]
+    calls = {name: after[name] - before.get(name, 0) for name in after}
+    assert calls.get("zrevrange") == 2  # one walk per page, of one set
+    assert calls.get("hgetall") == 10  # the records of the page, no other
+    assert calls.get("zmscore", 0) == 0
+
+
+async def test_a_store_that_never_saw_the_run_reads_its_chain_to_move_it(
+    redis_url: str, rstore: RedisStore, raw: aioredis.Redis
+) -> None:
+    await rstore.create_run(make_run("x1", chain="beta", token=0, status="queued", owner=None))
+    other = RedisStore(redis_url)  # another process: neither created nor read the run
+    try:
+        await other.claim("x1", 0, OwnerLease(host="h", pid=1, token=1, expires_at=time.time()))
+        keys = rstore.keys
+        assert await raw.zrange(keys.by_chain_status("beta", "running"), 0, -1) == ["x1"]
+        assert await raw.zrange(keys.by_chain_status("beta", "queued"), 0, -1) == []
+        fresh = RedisStore(redis_url)
+        await fresh.commit("x1", 1, RunProgress(status="partial", budget_used_ms=1.0))
+        await fresh.close()
+        assert await raw.zrange(keys.by_chain_status("beta", "partial"), 0, -1) == ["x1"]
+        assert await raw.zrange(keys.by_chain_status("beta", "running"), 0, -1) == []
+        assert [r.run_id for r in await other.list_runs("partial", chain="beta")] == ["x1"]
+    finally:
+        await other.close()

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import MaxConnectionsError
 
 from chainrt._errors import CheckpointError, StoreUnavailable
+from chainrt.redis import close_client, cluster_client
 from chainrt.store import DEFAULT_MAX_RECORD_BYTES, CheckpointStore, RedisStore, RunProgress
 from chainrt.testing.redis_cluster import LocalCluster
 from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
@@ -131,3 +133,37 @@ async def test_concurrent_creates_on_one_store(cluster_url: str) -> None:
     await asyncio.gather(*(store.create_run(make_run(f"c{i}")) for i in range(30)))
     assert len(await store.list_runs(limit=50)) == 30
     await store.close()
+
+
+async def test_the_cluster_client_bounds_its_connections_and_callers_wait_for_one(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 blocking commands and 10 pipelines at once on one node through a client of 2
+    connections per node: all answered, by turns. redis-py's own client, bounded the same,
+    fails the burst at once (MaxConnectionsError): the bound is real and callers wait."""
+    monkeypatch.setenv("CHAINRT_REDIS_MAX_CONNECTIONS", "2")
+    key = "{bound}:empty"  # one slot: every call goes to one node
+
+    async def burst(client: RedisCluster) -> list[object]:
+        async def piped() -> object:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.blpop([key], timeout=0.05)
+                return (await pipe.execute())[0]
+
+        calls = [client.blpop([key], timeout=0.05) for _ in range(40)]
+        return list(await asyncio.gather(*calls, *(piped() for _ in range(10))))
+
+    bounded = cluster_client(cluster_url)
+    try:
+        assert await burst(bounded) == [None] * 50
+        node = bounded.get_node_from_key(key)
+        assert node is not None
+        assert node.max_connections == 2
+    finally:
+        await close_client(bounded)
+    plain = RedisCluster.from_url(cluster_url, max_connections=2)
+    try:
+        with pytest.raises(MaxConnectionsError):
+            await burst(plain)
+    finally:
+        await close_client(plain)

@@ -19,6 +19,7 @@ from chainrt.store import (
     SQLiteStore,
     open_store,
 )
+from chainrt.store._sqlite_schema import LAYOUT_VERSION, list_sql
 from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
 
 
@@ -239,11 +240,14 @@ async def test_layout_1_file_is_migrated_and_keeps_its_runs(tmp_path: Path) -> N
     await store.close()
 
     conn = _raw(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION
     columns = [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
     assert "record" not in columns
     indexes = {row[1] for row in conn.execute("PRAGMA index_list(runs)")}
-    assert {"runs_by_created", "runs_by_status", "runs_by_expiry"} <= indexes
+    assert {"runs_by_created", "runs_by_status", "runs_by_chain", "runs_by_expiry"} <= indexes
+    assert "runs_by_chain_status" in indexes
+    chains = dict(conn.execute("SELECT run_id, chain FROM runs"))
+    assert chains == {"kept": run.chain, "new": run.chain}
     conn.close()
     await SQLiteStore(path).close()  # a migrated file opens again as it is
 
@@ -265,8 +269,103 @@ async def test_layout_1_file_opened_read_only_is_read_as_it_is(tmp_path: Path) -
     loaded = await store.get_run("kept")
     assert (loaded.status, loaded.spec) == ("partial", run.spec)
     assert [r.run_id for r in await store.list_runs()] == ["kept"]
+    assert [r.run_id for r in await store.list_runs(chain=run.chain)] == ["kept"]
+    assert await store.list_runs(chain="other") == []
     await store.close()
     assert path.read_bytes() == before  # not migrated: nothing was written
+
+
+def _layout_2(path: Path) -> None:
+    """A file as layout 2 left it: a current one without the chain column and its index."""
+    _layout_3(path)
+    conn = _raw(path)
+    conn.execute("DROP INDEX runs_by_chain")
+    conn.execute("ALTER TABLE runs DROP COLUMN chain")
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+
+
+def _layout_3(path: Path) -> None:
+    """A file as layout 3 left it: a current one without the chain-and-status index and the
+    dead letters' table."""
+    conn = _raw(path)
+    conn.execute("DROP INDEX runs_by_chain_status")
+    conn.execute("DROP TABLE dead_letters")
+    conn.execute("PRAGMA user_version = 3")
+    conn.close()
+
+
+async def test_layout_3_file_gets_its_chain_and_status_index_and_a_dead_letters_table(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    store = SQLiteStore(path)
+    await store.create_run(make_run("a", chain="alpha", created_at=1.0))
+    await store.create_run(make_run("b", chain="beta", created_at=2.0))
+    await store.commit("b", 1, RunProgress(status="failed", budget_used_ms=1.0))
+    await store.close()
+    _layout_3(path)
+
+    reader = SQLiteStore(path, read_only=True)  # read as it is
+    assert [r.run_id for r in await reader.list_runs("failed", chain="beta")] == ["b"]
+    await reader.close()
+
+    store = SQLiteStore(path)  # a writer migrates it: the index is filled from the runs there
+    assert [r.run_id for r in await store.list_runs("failed", chain="beta")] == ["b"]
+    assert await store.list_runs("failed", chain="alpha") == []
+    await store.close()
+    conn = _raw(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION
+    indexes = {row[1] for row in conn.execute("PRAGMA index_list(runs)")}
+    assert "runs_by_chain_status" in indexes
+    assert conn.execute("SELECT count(*) FROM dead_letters").fetchone() == (0,)
+    conn.close()
+
+
+@pytest.mark.parametrize("before", [None, (5.0, "x")])
+async def test_a_page_of_both_filters_walks_the_chain_and_status_index(
+    tmp_path: Path, before: tuple[float, str] | None
+) -> None:
+    # The plan SQLite picks for the page's own query: one index with both filters, in page
+    # order (no sort, no walk of a whole chain or status that no run of the other matches).
+    store = SQLiteStore(tmp_path / "s.db")
+    await store.close()
+    sql = list_sql(status=True, chain=True, before=before is not None)
+    args: list[object] = [time.time(), "failed", "c3", *(before or ()), 50]
+    conn = _raw(tmp_path / "s.db")
+    plan = " | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+    conn.close()
+    assert "runs USING INDEX runs_by_chain_status (chain=? AND status=?" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
+
+
+async def test_layout_2_file_gets_its_chain_column_filled_from_the_records(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    store = SQLiteStore(path)
+    await store.create_run(make_run("a", chain="alpha", created_at=1.0))
+    await store.create_run(make_run("b", chain="beta", created_at=2.0))
+    await store.close()
+    _layout_2(path)
+
+    reader = SQLiteStore(path, read_only=True)  # read as it is: the chain from each record
+    assert [r.run_id for r in await reader.list_runs(chain="beta")] == ["b"]
+    await reader.close()
+
+    store = SQLiteStore(path)  # a writer migrates it
+    await store.create_run(make_run("c", chain="alpha", created_at=3.0))
+    assert [r.run_id for r in await store.list_runs(chain="alpha")] == ["c", "a"]
+    assert [r.run_id for r in await store.list_runs(chain="beta")] == ["b"]
+    await store.close()
+    conn = _raw(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION
+    assert dict(conn.execute("SELECT run_id, chain FROM runs")) == {
+        "a": "alpha",
+        "b": "beta",
+        "c": "alpha",
+    }
+    conn.close()
 
 
 async def _log_growth_of_commits(path: Path, steps_in_spec: int, commits: int) -> int:
@@ -322,3 +421,23 @@ def test_public_names() -> None:
         "redact_url",
     }
     assert all(hasattr(chainrt.store, name) for name in chainrt.store.__all__)
+
+
+async def test_signals_of_purged_runs_are_swept_by_the_next_signal(tmp_path: Path) -> None:
+    from chainrt.store._signals import SignalRecord
+
+    path = tmp_path / "x.db"
+    store = SQLiteStore(path, record_ttl_s=0.05)
+    await store.create_run(make_run("old"))
+    await store.create_run(make_run("live"))
+    await store.put_signal("old", SignalRecord(name="ok", payload=1))
+    final: dict[str, Any] = {"status": "completed", "budget_used_ms": 1.0}
+    await store.commit("old", 1, RunProgress(**final))
+    await store.close()
+    time.sleep(0.1)
+    store = SQLiteStore(path)  # purges "old" on open
+    await store.put_signal("live", SignalRecord(name="ok", payload=2))
+    await store.close()
+    conn = _raw(path)
+    assert conn.execute("SELECT run_id, name FROM signals").fetchall() == [("live", "ok")]
+    conn.close()

@@ -1,4 +1,4 @@
-"""Tokens stream end to end (DESIGN §7, §13): worker SSE and the in-process model, through
+"""Tokens stream end to end (docs/dispatch.md; docs/serve.md, Run events): worker SSE and the in-process model, through
 dispatch, to run events, ``ChainRunnable.astream(_events)`` and ``ChatChainrt.stream``.
 
 Real components: a ``chainrt-worker`` process (llama.cpp, SmolLM2) answering with SSE, the
@@ -18,10 +18,10 @@ import pytest
 from worker_fixtures import WorkerProcess
 
 import chainrt
+from chainrt._records import AttemptRecord
 from chainrt.dispatch import LlmCall, make_dispatcher
-from chainrt.langchain import ChainRunnable, ChatChainrt
-from chainrt.store._records import AttemptRecord
-from workers.engines import get_local_engine
+from chainrt.engines import get_local_engine
+from chainrt.langchain import ChainEvent, ChainRunnable, ChatChainrt
 
 pytestmark = pytest.mark.slow
 
@@ -118,26 +118,26 @@ async def test_run_events_carry_tokens_and_a_fallback_mid_stream_starts_over(
         events: list[dict[str, Any]] = []
         final: Any = None
         async for item in runnable.astream({}):
-            if isinstance(item, dict) and "event" in item:
+            if isinstance(item, ChainEvent):
                 events.append(item)
-                if item["event"] == "token" and victim.alive:
+                if item["type"] == "token" and victim.alive:
                     assert victim.process is not None
                     victim.process.kill()  # mid-stream: the connection drops after a token
             else:
                 final = item
     finally:
         victim.stop()
-    kinds = [e["event"] for e in events if e["event"] in ("token", "attempt", "step_finished")]
+    kinds = [e["type"] for e in events if e["type"] in ("token", "attempt", "step_finished")]
     first_attempt = kinds.index("attempt")
     assert first_attempt >= 1  # the primary streamed before it died ...
     assert set(kinds[:first_attempt]) == {"token"}
-    failed = events[[e["event"] for e in events].index("attempt")]
+    failed = events[[e["type"] for e in events].index("attempt")]
     assert (failed["model"], failed["status"]) == ("primary", "connect")
     # After the attempt event, the local model's tokens start over; then its own attempt.
-    after = [e for e in events[events.index(failed) + 1 :] if e["event"] in ("token", "attempt")]
-    local_tokens = [e["text"] for e in after if e["event"] == "token"]
+    after = [e for e in events[events.index(failed) + 1 :] if e["type"] in ("token", "attempt")]
+    local_tokens = [e["text"] for e in after if e["type"] == "token"]
     assert len(local_tokens) > 5
-    assert after[-1]["event"] == "attempt"
+    assert after[-1]["type"] == "attempt"
     assert (after[-1]["model"], after[-1]["status"]) == ("local", "ok")
     assert final.status == "completed"
     assert final.steps[0].fallback == "local"
@@ -152,7 +152,7 @@ async def test_astream_events_of_a_chain_runnable_carry_the_llm_tokens(tmp_path:
     async for event in runnable.astream_events({}, version="v2"):
         if event["event"] == "on_chain_stream":
             chunk = event["data"]["chunk"]
-            if isinstance(chunk, dict) and chunk.get("event") == "token":
+            if isinstance(chunk, dict) and chunk.get("type") == "token":
                 tokens.append(chunk["text"])
         elif event["event"] == "on_chain_end":
             output = event["data"]["output"]

@@ -276,7 +276,7 @@ async def test_worker_server_span_is_the_child_of_the_callers_traceparent() -> N
     import httpx
     import uvicorn
 
-    from workers.engines import LocalEngine
+    from chainrt.engines import LocalEngine
     from workers.server import WorkerConfig, create_app
     from workers.server._tracing import TracingObserver
 

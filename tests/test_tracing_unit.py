@@ -252,12 +252,8 @@ async def test_run_that_waits_falls_back_and_resumes_makes_two_linked_traces(
 async def test_tracing_wraps_store_limiter_backends_and_runner_only_when_on(
     tmp_path: Any,
 ) -> None:
-    from chainrt.tracing._intercept import (
-        TracedBackend,
-        TracedLimiter,
-        TracedStore,
-        TracingInterceptor,
-    )
+    from chainrt.tracing._backend import TracedBackend
+    from chainrt.tracing._intercept import TracedLimiter, TracedStore, TracingInterceptor
 
     store = f"sqlite:///{tmp_path / 'runs.db'}"
     async with open_runtime(store=store, hooks=NO_HOOKS) as off:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from workers.engines._vllm_blame import bystander_reason, track, untrack
-from workers.engines._vllm_support import Collected
+from chainrt.engines._vllm_blame import bystander_reason, track, untrack
+from chainrt.engines._vllm_support import Collected
 
 
 def progress(tokens: int) -> Collected:

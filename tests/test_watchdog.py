@@ -1,4 +1,4 @@
-"""One timer for many same-length deadlines (chainrt.store._watchdog): every call is bounded,
+"""One timer for many same-length deadlines (chainrt._watchdog): every call is bounded,
 also those that start after the timer was set, and a cancellation from elsewhere stays one."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from chainrt.store._watchdog import Watchdog
+from chainrt._watchdog import Watchdog
 
 BOUND_S = 0.2
 

@@ -15,7 +15,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from worker_fixtures import WorkerProcess
 
-from chainrt.dispatch._http import error_from_response
+from chainrt.dispatch._http_wire import error_from_response
 from chainrt.errors import InsufficientMemory
 
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]

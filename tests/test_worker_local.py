@@ -19,7 +19,7 @@ import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 from worker_fixtures import REPO, WorkerProcess, free_port
 
-from workers.engines import LocalEngine
+from chainrt.engines import LocalEngine
 from workers.server import RequestContext, WorkerConfig, create_app
 
 COLORS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
@@ -241,7 +241,7 @@ def test_missing_model_file_is_one_clear_line() -> None:
 
 def test_local_engine_does_not_import_vllm_or_torch() -> None:
     code = (
-        "import sys, workers.cli, workers.server, workers.engines\n"
+        "import sys, workers.cli, workers.server, chainrt.engines\n"
         "workers.cli.make_engine('local')\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
         "assert not heavy, heavy\n"

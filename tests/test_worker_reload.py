@@ -15,7 +15,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 from worker_fixtures import WorkerProcess
 
-from workers.engines import resolve_model_path
+from chainrt.engines import resolve_model_path
 
 TOKEN = "reload-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

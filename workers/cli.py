@@ -12,30 +12,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import stat
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from chainrt.engines import ENGINES, Engine, create_engine, engine_class
 from chainrt.errors import WorkerError
-from workers.engines import Engine
 
 if TYPE_CHECKING:
     from workers.server import RequestObserver
 
-__all__ = ["ENGINES", "build_parser", "check_uds_path", "main", "make_engine"]
-
-ENGINES: dict[str, str] = {
-    "local": "workers.engines._llamacpp:LocalEngine",
-    "vllm": "workers.engines._vllm:VllmEngine",
-    "torch": "workers.engines._torch:TorchEngine",
-}
-"""Engine kind → ``module:class``; each class takes ``model`` / ``model_name`` keywords."""
+__all__ = ["build_parser", "check_uds_path", "main", "make_engine", "option_error"]
 
 _DEFAULT_SLOTS = {"local": 1, "vllm": 16, "torch": 4}
 """Concurrent requests inside each kind of engine unless ``--slots`` says otherwise: llama.cpp
@@ -44,7 +36,10 @@ runs one request at a time, vLLM batches."""
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
+    from chainrt import __version__
+
     parser = argparse.ArgumentParser(prog="chainrt-worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"chainrt-worker {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve one engine over HTTP")
     serve.add_argument("--engine", choices=sorted(ENGINES), required=True)
@@ -123,29 +118,21 @@ def make_engine(
         raise WorkerError(f"--vllm-standby applies to --engine vllm only, not {kind}")
     if dtype != "auto" and kind == "local":
         raise WorkerError("--dtype applies to --engine vllm or torch; a GGUF fixes its own types")
-    module_name, _, class_name = ENGINES[kind].partition(":")
     try:
-        module = importlib.import_module(module_name)
+        engine_class(kind)  # the import alone, so that a missing extra is one clear line
     except ImportError as exc:
         raise WorkerError(
             f"the {kind} engine cannot be imported ({exc}); install its extra "
-            f"(pip install 'chainrt[{kind}]') or run scripts/setup"
+            f"(pip install -e '.[{kind}]' in the chainrt repository) or run scripts/setup"
         ) from exc
-    kwargs: dict[str, Any] = {}
-    if served_model_name:
-        kwargs["model_name"] = served_model_name
-    if max_model_len is not None:
-        kwargs["n_ctx" if kind == "local" else "max_model_len"] = max_model_len
-    if standby:
-        kwargs["standby"] = True
-    if dtype != "auto":
-        kwargs["dtype"] = dtype
-    if kind == "local":
-        kwargs["model_path"] = model
-    elif model is not None:
-        kwargs["model"] = model
-    engine: Engine = getattr(module, class_name)(**kwargs)
-    return engine
+    return create_engine(
+        kind,
+        model,
+        model_name=served_model_name,
+        max_model_len=max_model_len,
+        standby=standby,
+        dtype=dtype,
+    )
 
 
 def _tracing_observer(engine: str) -> RequestObserver | None:
@@ -170,6 +157,30 @@ def check_uds_path(path: str) -> None:
         raise WorkerError(f"--uds {path}: a file that is not a socket is already there")
 
 
+_FLAGS = {
+    "served_model_names": "--served-model-name",
+    "health_interval_s": "--health-interval",
+    "recovery_wait_s": "--recovery-wait",
+    "admin_token": "--admin-token",
+}
+
+
+def option_error(exc: ValidationError) -> str:
+    """One line for the first problem in the worker's options: the flag it came from (when the
+    problem has one; a check across options has none) and what is wrong."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return "bad options"
+    first = errors[0]
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    loc = first.get("loc") or ()
+    if not loc:
+        return f"bad options: {message}"
+    name = str(loc[0])
+    flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+    return f"bad option {flag}: {message}"
+
+
 async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -188,8 +199,7 @@ async def _serve(args: argparse.Namespace) -> int:
             admin_token=args.admin_token or os.environ.get("CHAINRT_ADMIN_TOKEN") or None,
         )
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise WorkerError(f"bad option {first['loc'][0]}: {first['msg']}") from None
+        raise WorkerError(option_error(exc)) from None
     engine = make_engine(
         args.engine,
         args.model,

@@ -13,11 +13,20 @@ _intercept  RunInterceptor: code wrapped around each execution and each step (tr
 
 from __future__ import annotations
 
-from ._intercept import RunCall, RunInterceptor, RunStart, StepCall, chain_runs, chain_steps
+from ._intercept import (
+    BranchCall,
+    BranchStart,
+    RunCall,
+    RunInterceptor,
+    RunStart,
+    StepCall,
+    chain_runs,
+    chain_steps,
+)
 from ._journal import COMMIT_GRACE_S, Clock, RunJournal
 from ._llm import LlmExecutor, llm_call, run_llm
 from ._plan import plan_for, step_budget
-from ._recording import end_step, finish_output, repeats_side_effects
+from ._recording import end_step, finish_output, repeats_side_effects, run_output
 from ._runnable import RunnableExecutor
 from ._start import check_budget, check_inputs, check_new_run_id, new_run_id
 from ._step import (
@@ -30,11 +39,14 @@ from ._step import (
     skipped_record,
     step_record,
 )
-from ._tool import TOOL_HOST, ToolExecutor, call_tool, run_tool
+from ._tool import TOOL_HOST, TOOL_JOURNAL, ToolExecutor, call_tool, run_tool
 
 __all__ = [
     "COMMIT_GRACE_S",
     "TOOL_HOST",
+    "TOOL_JOURNAL",
+    "BranchCall",
+    "BranchStart",
     "Clock",
     "KindExecutor",
     "LlmExecutor",
@@ -61,6 +73,7 @@ __all__ = [
     "plan_for",
     "repeats_side_effects",
     "run_llm",
+    "run_output",
     "run_step",
     "run_tool",
     "settle",

@@ -23,11 +23,11 @@ import time
 from typing import Any
 
 from .._errors import ChainRTError
+from .._records import AttemptRecord
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall
 from ..spec import StepSpec, render_value
 from ..spec._degrade import CacheAction, ModelAction, StaticAction
 from ..store._answers import AnswerCache, cache_key
-from ..store._records import AttemptRecord
 from ._step import StepOutcome
 from ._verify import normalise_text
 

@@ -12,13 +12,69 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._records import RunRecord, StepRecord
 from .._result import RunResult
-from ..store._records import RunRecord, StepRecord
 from ._step import StepStart
 
-__all__ = ["RunCall", "RunInterceptor", "RunStart", "StepCall", "chain_runs", "chain_steps"]
+if TYPE_CHECKING:
+    from ._flow import Ended
+
+__all__ = [
+    "AgentPart",
+    "AgentPartCall",
+    "BranchCall",
+    "BranchStart",
+    "RunCall",
+    "RunInterceptor",
+    "RunStart",
+    "StepCall",
+    "chain_agent_parts",
+    "chain_branches",
+    "chain_runs",
+    "chain_steps",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BranchStart:
+    """A branch of a group about to run as a sub-chain (a ``switch`` or ``parallel`` branch, a
+    ``map`` item): the input of :meth:`RunInterceptor.execute_branch`."""
+
+    run_id: str
+    group: str
+    """The group's path (``gather``, ``route.refund.inner``)."""
+    kind: str
+    """``branch`` (a switch case or a parallel branch) or ``item`` (a map item)."""
+    name: str
+    """The branch's name, or the item's index."""
+    path: str
+    """The branch's own path, its inner steps' prefix (``gather.kb``, ``per_item[3]``)."""
+
+
+@dataclass(slots=True)
+class AgentPart:
+    """One model turn or one tool call of an ``agent`` step about to run: the input of
+    :meth:`RunInterceptor.execute_agent_part`, whose ``call_next`` fills in how it ended."""
+
+    run_id: str
+    step: str
+    """The agent step's path."""
+    kind: str
+    """``turn`` (a model turn) or ``call`` (a tool call)."""
+    path: str
+    """The part's record id: ``agent.turn[2]``, ``agent.call[2.1]``."""
+    tool: str | None = None
+    """A call's tool name (as the model named it)."""
+    final: bool = False
+    """A turn without tools that asks for the answer."""
+    status: str | None = None
+    """How it ended: its record's status (``waiting``: a call parked for its approval)."""
+    error: str | None = None
+    attempts: int = 0
+    model: str | None = None
+    """The model that answered a turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +101,8 @@ class RunStart:
 
 RunCall = Callable[[RunStart], Awaitable[RunResult]]
 StepCall = Callable[[StepStart], Awaitable[StepRecord]]
+BranchCall = Callable[[BranchStart], Awaitable["Ended"]]
+AgentPartCall = Callable[[AgentPart], Awaitable[AgentPart]]
 
 
 class RunInterceptor:
@@ -63,6 +121,16 @@ class RunInterceptor:
         """Run one step: ``return await call_next(step)``."""
         return await call_next(step)
 
+    async def execute_branch(self, branch: BranchStart, call_next: BranchCall) -> Ended:
+        """Run one branch or map item of a group (its inner steps go through
+        :meth:`execute_step` inside it): ``return await call_next(branch)``."""
+        return await call_next(branch)
+
+    async def execute_agent_part(self, part: AgentPart, call_next: AgentPartCall) -> AgentPart:
+        """Run one model turn or tool call of an agent step (not a replayed one): ``return
+        await call_next(part)``."""
+        return await call_next(part)
+
 
 def chain_runs(interceptors: Sequence[RunInterceptor], inner: RunCall) -> RunCall:
     """``inner`` wrapped by ``interceptors``, the first one outermost."""
@@ -78,6 +146,36 @@ def chain_steps(interceptors: Sequence[RunInterceptor], inner: StepCall) -> Step
     for interceptor in reversed(interceptors):
         call = functools.partial(_step_through, interceptor, call)
     return call
+
+
+def chain_branches(interceptors: Sequence[RunInterceptor], inner: BranchCall) -> BranchCall:
+    """``inner`` wrapped by ``interceptors``, the first one outermost."""
+    call = inner
+    for interceptor in reversed(interceptors):
+        call = functools.partial(_branch_through, interceptor, call)
+    return call
+
+
+def chain_agent_parts(
+    interceptors: Sequence[RunInterceptor], inner: AgentPartCall
+) -> AgentPartCall:
+    """``inner`` wrapped by ``interceptors``, the first one outermost."""
+    call = inner
+    for interceptor in reversed(interceptors):
+        call = functools.partial(_part_through, interceptor, call)
+    return call
+
+
+async def _part_through(
+    interceptor: RunInterceptor, call_next: AgentPartCall, part: AgentPart
+) -> AgentPart:
+    return await interceptor.execute_agent_part(part, call_next)
+
+
+async def _branch_through(
+    interceptor: RunInterceptor, call_next: BranchCall, branch: BranchStart
+) -> Ended:
+    return await interceptor.execute_branch(branch, call_next)
 
 
 async def _run_through(interceptor: RunInterceptor, call_next: RunCall, run: RunStart) -> RunResult:

@@ -14,12 +14,12 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .._errors import ChainRTError, RecordTooLarge, StoreUnavailable
+from .._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
 from .._result import RunResult
+from .._watchdog import Watchdog
 from ..spec import StepSpec
 from ..store._built import run_progress
 from ..store._protocol import CheckpointStore
-from ..store._records import FINAL_STEP_STATUSES, RunProgress, RunRecord, StepRecord
-from ..store._watchdog import Watchdog
 
 __all__ = ["COMMIT_GRACE_S", "Clock", "RunJournal"]
 

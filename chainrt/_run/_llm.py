@@ -1,7 +1,7 @@
 """The ``llm`` step kind: render the messages, hand the call to the dispatcher, read its answer.
 
 Retries, fallbacks, the static answer and every deadline below the step's live in dispatch
-(DESIGN §7); this executor only turns a step into an :class:`~chainrt.dispatch.LlmCall` and the
+ (docs/dispatch.md); this executor only turns a step into an :class:`~chainrt.dispatch.LlmCall` and the
 dispatcher's answer (or failure) into a step outcome.
 """
 
@@ -16,8 +16,11 @@ from typing import Any
 
 from .._errors import ChainRTError
 from .._progress import NO_PROGRESS, STEP_PROGRESS
+from .._records import TokenUsage
+from ..budget._tokens import RUN_TOKENS, out_of_tokens
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall
 from ..spec import ChainSpec, StepSpec, render_value
+from ..spec._flow_check import all_steps
 from ..store._answers import AnswerCache, answer_cache
 from ._contradiction import checked_outcome
 from ._degrade import degrade_outcome
@@ -80,7 +83,10 @@ async def _answered(
     try:
         answer = await dispatcher.complete(call, deadline)
     except DispatchFailed as exc:
-        timed_out = deadline - time.time() <= _DEADLINE_SLACK_S
+        # A step the run's token budget cannot fit is one whose time ran out (max_tokens_total).
+        timed_out = deadline - time.time() <= _DEADLINE_SLACK_S or any(
+            out_of_tokens(a.detail) for a in exc.attempts
+        )
         return StepOutcome(
             "timed_out" if timed_out else "failed",
             attempts=len(exc.attempts),
@@ -120,7 +126,7 @@ class LlmExecutor:
         """
         models = {
             model
-            for step in spec.steps
+            for step in all_steps(spec)
             if step.llm is not None
             for model in (step.llm.model, *step.fallbacks)
         }
@@ -146,9 +152,15 @@ class LlmExecutor:
             call.on_attempt = functools.partial(progress.attempt, step_id)
             if progress.wants_tokens:
                 call.on_token = functools.partial(progress.token, step_id)
+        account = RUN_TOKENS.get()
+        if account is not None:
+            call.tokens_left = account.left
         outcome, answer = await _answered(self.dispatcher, call, deadline)
         outcome = checked_outcome(call, outcome, answer)
         outcome = await verify_outcome(self.dispatcher, step, call, outcome, answer, deadline)
-        return await degrade_outcome(
+        outcome = await degrade_outcome(
             self.dispatcher, self.cache, step, call, outcome, answer, scope, run_id, deadline
         )
+        if account is not None:
+            account.spend(TokenUsage.of([a.usage for a in outcome.attempt_log]))
+        return outcome

@@ -1,14 +1,14 @@
 """An execution's budget plan: the budgets of its pending steps, summed once (``budget.Plan``).
 
 A new run's pending steps are all of its chain's steps, so its plan depends only on the chain:
-a reused runtime builds it on the chain's first run and shares it (a :class:`~chainrt._budget.Plan`
+a reused runtime builds it on the chain's first run and shares it (a :class:`~chainrt.budget._steps.Plan`
 is never changed once built) instead of rebuilding one per run (~0.1-0.2 ms for 60 steps). A
 resumed run, with some steps already recorded, gets a plan of its own.
 """
 
 from __future__ import annotations
 
-from .. import _budget as budget
+from ..budget import _steps as budget
 from ..spec import ChainSpec, StepSpec
 from ..spec._cache import PerSpec
 

@@ -11,13 +11,21 @@ calling the tool a second time (:func:`repeats_side_effects`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from .._progress import Progress
-from ..spec import StepSpec
-from ..store._records import AttemptRecord, StepRecord
+from .._records import AttemptRecord, StepRecord
+from ..spec import ChainSpec, StepSpec, render_value
 from ._journal import RunJournal, _Unrecordable
 
-__all__ = ["UNRECORDED", "end_step", "finish_output", "repeats_side_effects", "unrecorded"]
+__all__ = [
+    "UNRECORDED",
+    "end_step",
+    "finish_output",
+    "repeats_side_effects",
+    "run_output",
+    "unrecorded",
+]
 
 UNRECORDED = "its record could not be stored"
 """How the error of a step whose record the store refused begins."""
@@ -89,6 +97,19 @@ async def end_step(
         )
     progress.step_finished(record)
     return stop is not None
+
+
+def run_output(spec: ChainSpec, scope: dict[str, Any]) -> Any:
+    """The run's output: the chain's ``output`` template rendered, else the output of the last
+    step that ran (a skipped last step gives way to the one before it)."""
+    if spec.output is not None:
+        return render_value(spec.output, scope)
+    last = spec.steps[-1].id
+    for step in reversed(spec.steps):
+        if step.id in scope["steps"]:
+            last = step.id
+            break
+    return scope["steps"].get(last, {}).get("output")
 
 
 async def finish_output(journal: RunJournal, output: object) -> None:

@@ -1,7 +1,9 @@
 """The ``runnable`` step kind: a LangChain Runnable, run by the LangChain integration.
 
-The executor itself lives in :mod:`chainrt.langchain._steps` (it needs ``langchain-core``, a heavy
-import); this one imports it on first use, before the budget clock of the first run that needs it.
+The executor itself lives in the LangChain integration (:func:`chainrt.langchain.run_runnable_step`:
+it needs ``langchain-core``, a heavy import), which stands above the core: this one asks the
+integration seam (:mod:`chainrt._integrations`) for the ``runnable_step`` role on first use,
+before the budget clock of the first run that needs it.
 """
 
 from __future__ import annotations
@@ -10,20 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._integrations import provider
 from ..spec import ChainSpec, StepSpec
+from ..spec._flow_check import all_steps
 from ._step import StepOutcome
 
 __all__ = ["RunnableExecutor"]
 
-_MISSING = "runnable steps need the LangChain integration: pip install 'chainrt[langchain]'"
+_MISSING = "runnable steps need the LangChain integration: pip install -e '.[langchain]' in the chainrt repository"
 
 
 def _langchain_executor() -> Callable[..., Any] | None:
-    try:
-        from ..langchain._steps import run_runnable_step
-    except ImportError:
-        return None
-    return run_runnable_step
+    return provider("runnable_step")
 
 
 class RunnableExecutor:
@@ -37,7 +37,7 @@ class RunnableExecutor:
 
     def prepare(self, spec: ChainSpec) -> None:
         """Import the LangChain executor when ``spec`` has runnable steps (a one-time cost)."""
-        if self.executor is None and any(step.runnable is not None for step in spec.steps):
+        if self.executor is None and any(step.runnable is not None for step in all_steps(spec)):
             self.executor = _langchain_executor()
 
     async def run(

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .._errors import ChainRTError, ConcurrencyError, ConcurrencyRejected, TemplateError
+from .._records import FINAL_STEP_STATUSES, AttemptRecord, StepRecord
 from ..concurrency import Holding, KeyRequest, Limiter
 from ..spec import StepSpec, render_value
 from ..spec._models import ConcurrencyKeySpec, rate_per_second
 from ..store._built import step_record as built_step_record
-from ..store._records import FINAL_STEP_STATUSES, AttemptRecord, StepRecord
 
 __all__ = [
     "KindExecutor",
@@ -37,7 +37,7 @@ class StepOutcome:
     """How a step's attempts ended."""
 
     status: str
-    """completed | partial | timed_out | failed | rejected | skipped"""
+    """completed | partial | timed_out | failed | rejected | skipped | waiting"""
     output: Any = None
     attempts: int = 0
     model: str | None = None
@@ -159,6 +159,8 @@ async def run_step(
 def _step_scope(step: StepSpec, scope: dict[str, Any]) -> dict[str, Any]:
     """What the step's templates see: the run's scope and ``step`` (id, model, weight)."""
     model = step.llm.model if step.llm is not None else None
+    if step.agent is not None:
+        model = step.agent.model
     return {**scope, "step": {"id": step.id, "model": model, "weight": step.weight}}
 
 
@@ -199,7 +201,12 @@ def skipped_record(step: StepSpec, reason: str) -> StepRecord:
     return step_record(step, StepOutcome("skipped", error=reason), 0.0, time.time(), 0.0)
 
 
-_RUN_STATUS = {"timed_out": "partial", "partial": "partial", "rejected": "rejected"}
+_RUN_STATUS = {
+    "timed_out": "partial",
+    "partial": "partial",
+    "rejected": "rejected",
+    "waiting": "waiting",  # a wait step without its signal parks the run (chainrt/_run/_wait.py)
+}
 """How a required step that did not complete ends the run (anything else: ``failed``)."""
 
 _CUT = "cut off at its deadline (on_timeout: partial); its output is the text generated so far"
@@ -211,7 +218,7 @@ def settle(step: StepSpec, record: StepRecord) -> tuple[StepRecord, str | None]:
 
     A completed step goes on. An optional step that timed out, failed, was rejected or was cut
     off (``partial``) is written as skipped, and the run goes on. Any other step stops the run:
-    ``partial`` after a timeout or a cut-off LLM answer (DESIGN §3: the budget ran out there; the
+    ``partial`` after a timeout or a cut-off LLM answer (docs/chain-format.md, Budget: the budget ran out there; the
     step's record keeps the text so far), ``rejected`` when its keys were not to be had, else
     ``failed``.
     """

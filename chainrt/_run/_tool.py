@@ -14,6 +14,7 @@ endpoint), and an attempt that raised is retried after the step's backoff (doubl
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import json
@@ -22,24 +23,65 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from .._bounded import TaskHost, within
 from .._context import StepContext
 from .._errors import ChainRTError
+from .._records import AttemptRecord, StepRecord
 from ..dispatch._policy import MIN_ATTEMPT_S, Failure, MoveOn, Retry, decide_retry
 from ..spec import StepSpec, render_value, resolve_callable
 from ..store._built import attempt_record
-from ..store._records import AttemptRecord
+from ._raised import describe_raise
 from ._step import StepOutcome
 
-__all__ = ["TOOL_HOST", "ToolExecutor", "call_tool", "run_tool"]
+if TYPE_CHECKING:
+    from ._journal import RunJournal
+
+__all__ = [
+    "TOOL_HOST",
+    "TOOL_JOURNAL",
+    "ToolExecutor",
+    "attempts_before",
+    "call_tool",
+    "run_tool",
+    "sync_tools_running",
+]
 
 TOOL_HOST: ContextVar[TaskHost | None] = ContextVar("chainrt_tool_host", default=None)
 """The task that hosts the tool calls of the run executing in this task (set by the runner for
 each execution: one task for a run's tool calls instead of one per call, :class:`TaskHost`)."""
+
+TOOL_JOURNAL: ContextVar[RunJournal | None] = ContextVar("chainrt_tool_journal", default=None)
+"""The journal of the run executing in this task (set by the runner for each execution). A tool
+that takes ``ctx`` has each attempt written there (a ``running`` step record) before it is
+called, so that ``ctx.attempt`` counts on after a crash: a re-run sees the attempt after the one
+that was in flight, never 1 again."""
+
+
+def attempts_before(record: StepRecord | None) -> int:
+    """Attempts of a step that earlier executions of its run already made (0: none recorded):
+    the highest attempt number its record holds, a ``running`` one (in flight at a crash) too."""
+    if record is None:
+        return 0
+    return max([record.attempts, *(a.attempt for a in record.attempt_log)])
+
+
+async def _mark_attempt(
+    journal: RunJournal, step_id: str, number: int, log: list[AttemptRecord]
+) -> None:
+    """Write that attempt ``number`` of ``step_id`` starts now (before its tool is called)."""
+    marker = StepRecord(
+        step_id=step_id,
+        status="running",
+        attempts=number,
+        started_at=time.time(),
+        attempt_log=list(log),
+    )
+    await journal.record_step(marker)
+
 
 _SHAPE_CACHE: dict[Callable[..., Any], tuple[bool, bool]] = {}
 
@@ -57,7 +99,21 @@ def _shape(fn: Callable[..., Any]) -> tuple[bool, bool]:
     return shape
 
 
-def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+_THREADS: collections.Counter[str] = collections.Counter()
+_THREADS_LOCK = threading.Lock()
+
+
+def sync_tools_running(run_id: str) -> int:
+    """Sync tool calls of ``run_id`` whose thread still runs in this process, abandoned ones
+    (a cancel, a deadline) included: a resume waits for them, so that the same tool never runs
+    twice at once for one run (``chainrt serve`` does, ``chainrt/serve/_handling.py``)."""
+    with _THREADS_LOCK:
+        return _THREADS[run_id]
+
+
+def _in_thread(
+    fn: Callable[..., Any], kwargs: dict[str, Any], run_id: str = ""
+) -> asyncio.Future[Any]:
     """Run a sync callable in a daemon thread; the future can be abandoned at a deadline."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -75,10 +131,17 @@ def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future
             value, exc = fn(**kwargs), None
         except BaseException as error:  # handed to the awaiting task, not swallowed
             value, exc = None, error
+        finally:
+            with _THREADS_LOCK:
+                _THREADS[run_id] -= 1
+                if _THREADS[run_id] <= 0:
+                    del _THREADS[run_id]
         # If the loop is closed, nobody waits for this abandoned call any more.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, value, exc)
 
+    with _THREADS_LOCK:
+        _THREADS[run_id] += 1
     threading.Thread(target=target, name=f"chainrt-tool-{fn.__name__}", daemon=True).start()
     return future
 
@@ -129,7 +192,7 @@ def call_tool(
     if is_async:
         coro: Awaitable[Any] = fn(**kwargs)
         return coro
-    return _in_thread(fn, kwargs)
+    return _in_thread(fn, kwargs, run_id)
 
 
 class _Tries:
@@ -157,9 +220,17 @@ class _Tries:
         self.log: list[AttemptRecord] = []
         self.last_error = ""
         self.decision: Retry | MoveOn | None = None
+        self.offset = 0
+        """Attempts earlier executions made (a tool that takes ``ctx`` numbers on from them)."""
+        self.journal: RunJournal | None = None
+        """Where each attempt is written before its call (tools that take ``ctx``)."""
 
     async def attempt(self) -> StepOutcome:
-        number = len(self.log) + 1
+        number = self.offset + len(self.log) + 1
+        if self.deadline - time.time() <= 0:
+            raise _OutOfTime
+        if self.journal is not None:
+            await _mark_attempt(self.journal, self.step_id, number, self.log)
         left = self.deadline - time.time()
         if left <= 0:
             raise _OutOfTime
@@ -187,10 +258,11 @@ class _Tries:
             if self.deadline - time.time() <= 0:
                 return _OutOfTime()
             return _Failed("timeout")  # the attempt timeout hit, not the deadline
-        self.last_error = (
-            exc.message if isinstance(exc, ChainRTError) else f"{type(exc).__name__}: {exc}"
-        )
-        self._log(number, "error", elapsed, self.last_error)
+        if isinstance(exc, ChainRTError):
+            self.last_error = detail = exc.message
+        else:  # the tool's own exception: where in the tool it was raised, and the trace
+            self.last_error, detail = describe_raise(exc, self.fn)
+        self._log(number, "error", elapsed, detail)
         return _Failed("error")
 
     def gave_up(self) -> StepOutcome:
@@ -254,19 +326,29 @@ async def run_tool(
     # (issue 18), made only when the first attempt fails. A first failure is replayed as
     # tenacity's first attempt, so that every wait and every stop is tenacity's.
     first: Exception | None = None
+    # A tool that takes ctx numbers its attempts on from earlier executions (a crash, a resume),
+    # each written before the call; the others pay for none of it.
+    offset, journal = 0, None
+    if _shape(fn)[0]:
+        journal = TOOL_JOURNAL.get()
+        if journal is not None:
+            offset = attempts_before(journal.done.get(step_id))
+    number = offset + 1
+    if journal is not None and deadline > time.time():
+        await _mark_attempt(journal, step_id, number, [])
     left = deadline - time.time()
     if left > 0:
         limit = _limit(left, None if attempt_timeout_ms is None else attempt_timeout_ms / 1000)
         started = time.perf_counter()
         try:
-            work = call_tool(fn, kwargs, run_id, step_id, 1, limit)
+            work = call_tool(fn, kwargs, run_id, step_id, number, limit)
             value = await within(work, limit, host=TOOL_HOST.get())
             _check_json(value, f"tool of step {step_id!r}")
         except Exception as exc:  # a tool may raise anything; it is recorded, not propagated
             first = exc
         else:
             elapsed = round((time.perf_counter() - started) * 1000, 3)
-            log = [attempt_record(1, "ok", elapsed)]
+            log = [attempt_record(number, "ok", elapsed)]
             return StepOutcome("completed", output=value, attempts=1, attempt_log=log)
     tries = _Tries(
         fn,
@@ -279,9 +361,10 @@ async def run_tool(
         max_backoff_ms=max_backoff_ms,
         attempt_timeout_ms=attempt_timeout_ms,
     )
+    tries.offset, tries.journal = offset, journal
     if first is None:  # no time left for a first attempt
         return tries.gave_up()
-    replay = tries.failed(1, first, started)
+    replay = tries.failed(number, first, started)
     if isinstance(replay, _OutOfTime):
         return tries.gave_up()
     retrying = AsyncRetrying(

@@ -1,8 +1,9 @@
-"""The ``chainrt`` command line (DESIGN §9).
+"""The ``chainrt`` command line (README.md, Using it).
 
 Errors are one line on stderr and a non-zero exit, never a traceback. Exit codes: 0 completed or
 partial; 1 failed or rejected; 2 bad usage, bad input or an invalid chain; 3 store or runtime
-error (a refused stored run included); 130 stopped by SIGINT, 143 stopped by SIGTERM (the run was
+error (a refused stored run included); 4 the run is waiting for a signal (the ``chainrt signal``
+that continues it is printed); 130 stopped by SIGINT, 143 stopped by SIGTERM (the run was
 checkpointed and released: ``chainrt resume`` continues it, see :mod:`._signals`); 141 stdout
 closed early (``chainrt runs | head -3``: quiet, like a Unix tool ended by SIGPIPE).
 
@@ -15,15 +16,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._durations import MIN_BUDGET_MS, parse_duration_ms
+from .._durations import parse_budget_ms
 from .._hooks import NO_HOOKS
 from .._progress import NO_PROGRESS, Progress
-from ..errors import BudgetError, ChainRTError, InputError, SpecError, TemplateError
-from . import _service
+from ..errors import (
+    BudgetError,
+    ChainRTError,
+    InputError,
+    SignalRefused,
+    SpecError,
+    TemplateError,
+)
+from . import _dlq, _service, _signal_cmd
+from ._access import add_token_command, token
 from ._input import read_input
 from ._service import add_commands
 
@@ -89,7 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument(
         "--status",
-        choices=["queued", "running", "completed", "partial", "rejected", "failed", "cancelled"],
+        choices=[
+            "queued",
+            "running",
+            "waiting",
+            "completed",
+            "partial",
+            "rejected",
+            "failed",
+            "cancelled",
+        ],
     )
     runs.add_argument("--limit", type=int, default=50)
     runs.add_argument(
@@ -113,8 +133,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("paths", nargs="+")
 
-    sub.add_parser("schema", help="print the JSON Schema of the chain format")
+    schema = sub.add_parser("schema", help="print the JSON Schema of the chain format")
+    schema.add_argument(
+        "--tools", metavar="CHAIN", help="print the JSON Schemas of CHAIN's agent tools instead"
+    )
     add_commands(sub)  # serve, submit, cancel
+    add_token_command(sub)  # token new
+    _dlq.add_command(sub)  # dlq list|show|retry|drop
+    _signal_cmd.add_command(sub, _common)  # signal RUN NAME --payload JSON
     return parser
 
 
@@ -148,14 +174,37 @@ def _add_roots(args: argparse.Namespace) -> None:
 def _budget(raw: str | None) -> float | None:
     if raw is None:
         return None
-    ms = parse_duration_ms(raw, what="--budget")
-    if ms < MIN_BUDGET_MS:
-        shown = raw if len(raw) <= 40 else raw[:40] + "..."
-        raise BudgetError(f"--budget must be at least {MIN_BUDGET_MS:g}ms, got {shown!r}")
-    return ms
+    return parse_budget_ms(raw, what="--budget")
 
 
-def _emit(result: RunResult, as_json: bool, trace_url: str | None = None) -> int:
+def _resume_hint(args: argparse.Namespace, result: RunResult, chain_dir: Path | None) -> str | None:
+    """The ``chainrt resume`` line for ``result`` (None for a run with nothing to resume): its
+    budget, the --store/--pool given, and the chain roots a new process needs (--chains given,
+    plus the chain's folder when it lies outside CHAINRT_CHAIN_ROOTS and them)."""
+    if result.status in ("completed", "running"):
+        return None
+    from .._settings import Settings
+    from ..spec._roots import inside_roots, parse_chain_roots
+    from ._printer import resume_command
+
+    chains = list(args.chains or ())
+    if chain_dir is not None:
+        roots = [*parse_chain_roots(Settings().chain_roots), *map(Path, chains)]
+        if inside_roots(chain_dir, roots) is None:
+            here = chain_dir.is_relative_to(Path.cwd())
+            chains.append(os.path.relpath(chain_dir) if here else str(chain_dir))
+    return resume_command(
+        result.run_id,
+        budget_ms=result.budget.total_ms,
+        store=args.store,
+        pool=args.pool,
+        chains=chains,
+    )
+
+
+def _emit(
+    result: RunResult, as_json: bool, trace_url: str | None = None, resume: str | None = None
+) -> int:
     from ._printer import print_result
 
     if as_json:
@@ -164,9 +213,13 @@ def _emit(result: RunResult, as_json: bool, trace_url: str | None = None) -> int
             payload["trace_url"] = trace_url
         print(json.dumps(payload, ensure_ascii=False))
     else:
-        print_result(result, sys.stdout)
+        print_result(result, sys.stdout, resume=resume)
         if trace_url:
             print(f"trace: {trace_url}")
+    if result.status == "waiting":
+        then = f"; continue it with: {resume}" if resume else ""
+        print(f"chainrt: run {result.run_id} waiting: {result.error}{then}", file=sys.stderr)
+        return _signal_cmd.EXIT_WAITING
     if not result.ok:
         print(f"chainrt: run {result.run_id} {result.status}: {result.error}", file=sys.stderr)
         return EXIT_RUN_FAILED
@@ -212,7 +265,10 @@ async def _run(args: argparse.Namespace, watch: RunWatch) -> int:
             budget_ms=_budget(args.budget),
         )
         trace_url = await _trace_url(runtime, result.run_id)
-    return _emit(result, args.json, trace_url)
+        waiting = await _signal_cmd.waiting_hint(runtime.store, result, args)
+    return _emit(
+        result, args.json, trace_url, waiting or _resume_hint(args, result, loaded.source_dir)
+    )
 
 
 async def _resume(args: argparse.Namespace, watch: RunWatch) -> int:
@@ -230,7 +286,18 @@ async def _resume(args: argparse.Namespace, watch: RunWatch) -> int:
             args.run_id, budget_ms=_budget(args.budget), wait=not args.no_wait
         )
         trace_url = await _trace_url(runtime, result.run_id)
-    return _emit(result, args.json, trace_url)
+        chain_dir = None if result.ok else await _chain_dir(runtime, result.run_id)
+        waiting = await _signal_cmd.waiting_hint(runtime.store, result, args)
+    return _emit(result, args.json, trace_url, waiting or _resume_hint(args, result, chain_dir))
+
+
+async def _chain_dir(runtime: Runtime, run_id: str) -> Path | None:
+    """The folder a stored run's chain came from (None when unknown or unreadable)."""
+    try:
+        source = (await runtime.store.get_run(run_id)).source
+    except ChainRTError:
+        return None
+    return Path(source) if source else None
 
 
 async def _runs(args: argparse.Namespace) -> int:
@@ -280,6 +347,8 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 
 def _run_summary(run: Any) -> dict[str, Any]:
+    """A ``chainrt runs --json`` row: the API's list row (``reason``: the run's error, e.g. why
+    a refused or dead-lettered run failed; the store alone cannot tell which chains are served)."""
     return {
         "run_id": run.run_id,
         "chain": run.chain,
@@ -287,10 +356,11 @@ def _run_summary(run: Any) -> dict[str, Any]:
         "budget": {"total_ms": run.budget_total_ms, "used_ms": run.budget_used_ms},
         "created_at": run.created_at,
         "updated_at": run.updated_at,
+        "reason": run.error,
     }
 
 
-def _validate(args: argparse.Namespace) -> int:
+def _validate_command(args: argparse.Namespace) -> int:
     from ._validate import validate
 
     report = validate(args.paths)
@@ -353,6 +423,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         args.own_process = argv is None  # the command line's own process, not an embedding
+        if args.command == "schema" and args.tools:
+            from ._tools_schema import print_tool_schemas
+
+            status = print_tool_schemas(args.tools)
+            sys.stdout.flush()
+            return status
         if args.command == "schema":
             from ..spec import chain_json_schema
 
@@ -360,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
             return EXIT_OK
         if args.command == "validate":
-            status = _validate(args)
+            status = _validate_command(args)
             sys.stdout.flush()
             return status
         import asyncio  # here, not at the top: --help, validate and schema never need it
@@ -374,6 +450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "serve": _service.serve,
                 "submit": lambda a: _service.submit(a, read_input),
                 "cancel": _service.cancel,
+                "dlq": _dlq.dlq,
+                "signal": lambda a: _signal_cmd.signal(
+                    a, lambda result, as_json, hint: _emit(result, as_json, None, hint)
+                ),
+                "token": token,
             }[args.command]
             code = asyncio.run(handler(args))
         sys.stdout.flush()  # here, where a closed pipe is still caught below
@@ -384,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except (SpecError, InputError, BudgetError, TemplateError) as exc:
+    except (SpecError, InputError, BudgetError, TemplateError, SignalRefused) as exc:
         print(f"chainrt: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ChainRTError as exc:

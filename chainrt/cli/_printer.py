@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .._durations import format_ms
 from .._progress import Progress
 
 if TYPE_CHECKING:  # annotations only: `chainrt runs` loads no chain-spec models
+    from .._records import AttemptRecord, RunRecord, StepRecord, TokenUsage
     from .._result import RunResult
     from ..spec import StepSpec
-    from ..store._records import AttemptRecord, RunRecord, StepRecord
 
-__all__ = ["LivePrinter", "print_inspect", "print_result", "print_runs"]
+__all__ = [
+    "LivePrinter",
+    "duration_arg",
+    "print_inspect",
+    "print_result",
+    "print_runs",
+    "resume_command",
+]
 
 _MARK = {
     "completed": "ok",
@@ -23,6 +32,9 @@ _MARK = {
     "failed": "!!",
     "timed_out": "!!",
     "rejected": "!!",
+    "running": "..",
+    "cancelled": "--",
+    "waiting": "||",
 }
 
 
@@ -86,8 +98,40 @@ def degraded_note(result: RunResult) -> str | None:
     )
 
 
-def print_result(result: RunResult, out: TextIO) -> None:
-    """The summary after ``run``/``resume``."""
+def duration_arg(ms: float) -> str:
+    """``ms`` as a ``--budget`` value: ``8s``, ``1.5s``, ``600ms``."""
+    if ms >= 1000 and ms % 100 == 0:
+        return f"{ms / 1000:g}s"
+    return f"{ms:.0f}ms"
+
+
+def resume_command(
+    run_id: str,
+    *,
+    budget_ms: float | None = None,
+    store: str | None = None,
+    pool: str | None = None,
+    chains: Sequence[str] = (),
+) -> str:
+    """The ``chainrt resume`` line that continues a run as it was run: its budget, and the
+    store, pool and chain roots it needs (a store URL's credentials masked, never printed)."""
+    from .._redact import redact_text
+
+    parts = ["chainrt", "resume", shlex.quote(run_id)]
+    if budget_ms:
+        parts += ["--budget", duration_arg(budget_ms)]
+    if store:
+        parts += ["--store", shlex.quote(redact_text(store))]
+    if pool:
+        parts += ["--pool", shlex.quote(pool)]
+    for folder in chains:
+        parts += ["--chains", shlex.quote(folder)]
+    return " ".join(parts)
+
+
+def print_result(result: RunResult, out: TextIO, *, resume: str | None = None) -> None:
+    """The summary after ``run``/``resume``; ``resume`` is the command that would continue the
+    run (:func:`resume_command`; default: the run id alone)."""
     used, total = result.budget.used_ms, result.budget.total_ms
     status = result.status.upper() + (" (DEGRADED)" if result.degraded else "")
     print(
@@ -101,9 +145,15 @@ def print_result(result: RunResult, out: TextIO) -> None:
     note = degraded_note(result)
     if note:
         print(note, file=out)
+    if result.usage is not None:
+        print(f"tokens: {format_usage(result.usage)}", file=out)
     print(f"output: {_text(result.output)}", file=out)
-    if result.status not in ("completed", "running"):
-        print(f"resume with: chainrt resume {result.run_id} --budget 8s", file=out)
+    if result.status == "waiting":
+        if resume:
+            print(f"continue with: {resume}", file=out)
+    elif result.status not in ("completed", "running"):
+        hint = resume or resume_command(result.run_id)
+        print(f"resume with: {hint}", file=out)
 
 
 def print_runs(runs: list[RunRecord], out: TextIO) -> None:
@@ -129,7 +179,7 @@ def print_inspect(
 ) -> None:
     """The detail view of ``chainrt inspect``: the run's input and output whole, each step's
     output cut at 200 characters unless ``full``."""
-    from .._result import RunResult
+    from .._result import RunResult, step_usage
 
     width = None if full else 200
     print(f"run      {run.run_id}", file=out)
@@ -146,11 +196,17 @@ def print_inspect(
         print(f"owner    {run.owner.host}:{run.owner.pid} (token {run.owner.token})", file=out)
     if run.error:
         print(f"error    {run.error}", file=out)
-    note = degraded_note(RunResult.from_records(run, steps))
+    result = RunResult.from_records(run, steps)
+    note = degraded_note(result)
     if note:
         print(f"         {note}", file=out)
+    if result.usage is not None:
+        print(f"tokens   {format_usage(result.usage)}", file=out)
     for key, ms in run.waits_ms.items():
-        print(f"waited   {format_ms(ms)} for key {key}", file=out)
+        if key.startswith("wait:"):  # parked at a wait step (not budget time)
+            print(f"waited   {format_ms(ms)} for a signal at step {key[5:]}", file=out)
+        else:
+            print(f"waited   {format_ms(ms)} for key {key}", file=out)
     print(f"input    {_text(run.input)}", file=out)
     print(f"output   {_text(run.output)}", file=out)
     if trace_url:
@@ -171,14 +227,20 @@ def print_inspect(
         )
         for key, ms in rec.waits_ms.items():
             print(f"       waited {format_ms(ms)} for key {key}", file=out)
+        if (usage := step_usage(rec)) is not None:
+            print(f"       tokens {format_usage(usage)}", file=out)
         for attempt in rec.attempt_log:
             where = attempt.endpoint or attempt.model or "-"
-            detail = f" - {attempt.detail}" if attempt.detail else ""
+            # A tool's error detail carries its trace after the first line: shown with --full.
+            first, *more = (attempt.detail or "").split("\n")
+            detail = f" - {first}" if first else ""
             print(
                 f"       #{attempt.attempt} {where} {attempt.status} {format_ms(attempt.elapsed_ms)}"
                 f"{_quality(attempt)}{detail}",
                 file=out,
             )
+            for extra in more if full else ():
+                print(f"         {extra}", file=out)
         if rec.confidence_score is not None or rec.verification_status or rec.degraded:
             print(f"       {_judged(rec)}", file=out)
         if rec.contradictions:
@@ -186,15 +248,32 @@ def print_inspect(
         if rec.error:
             print(f"       error: {rec.error}", file=out)
         print(f"       output: {_short(rec.output, width)}", file=out)
+        # Imported here: the tree needs the chain spec's names, and ``chainrt runs`` (which
+        # shares this module) must not load the spec package and YAML.
+        from ._tree import print_inner
+
+        print_inner(spec_step, steps, out, full=full)
 
 
 def _quality(attempt: AttemptRecord) -> str:
     """`` confidence 0.41 [queue 1ms admission 0ms prefill 80ms decode 120ms network 3ms]``."""
     text = "" if attempt.confidence is None else f" confidence {attempt.confidence:.2f}"
+    if attempt.usage is not None:
+        text += f" tokens {attempt.usage.prompt_tokens}+{attempt.usage.completion_tokens}"
     if attempt.hops_ms:
         hops = " ".join(f"{name} {format_ms(ms)}" for name, ms in attempt.hops_ms.items())
         text += f" [{hops}]"
     return text
+
+
+def format_usage(usage: TokenUsage) -> str:
+    """``1234 (prompt 1000, completion 234, cached 800)  cost 0.0123``."""
+    cached = "" if usage.cached_tokens is None else f", cached {usage.cached_tokens}"
+    cost = "" if usage.cost is None else f"  cost {usage.cost:.6g}"
+    return (
+        f"{usage.total_tokens} (prompt {usage.prompt_tokens}, completion "
+        f"{usage.completion_tokens}{cached}){cost}"
+    )
 
 
 def _judged(rec: StepRecord) -> str:

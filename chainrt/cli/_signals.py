@@ -1,7 +1,7 @@
 """SIGINT and SIGTERM during ``run`` and ``resume``: stop the run cleanly, then say so in one line.
 
 Docker and Kubernetes stop a process with SIGTERM, a person with Ctrl-C (SIGINT); both are
-handled alike (DESIGN §9). The signal cancels the command's task: the step in flight is
+handled alike (README.md, Using it). The signal cancels the command's task: the step in flight is
 abandoned, the runner records the budget used, gives its owner lease and its concurrency slots
 back (in ``finally`` blocks, shielded), and the command exits with ``128 + signal number`` (130
 for SIGINT, 143 for SIGTERM) and one line naming the run to resume. A second signal while that
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, TypeVar
 from .._progress import Progress
 
 if TYPE_CHECKING:
+    from .._records import RunRecord, StepRecord
     from .._result import RunResult
     from ..spec import StepSpec
-    from ..store._records import RunRecord, StepRecord
 
 __all__ = ["RunWatch", "Stopped", "stoppable", "stopped_message"]
 

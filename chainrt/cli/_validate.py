@@ -6,6 +6,10 @@ chain. Inside a folder, a YAML file that is neither (no ``steps``, ``budget`` or
 a file named on the command line is always checked. Hidden folders, ``__pycache__`` and
 ``node_modules`` are not entered. The pool model (and so ``chainrt.dispatch``) is imported only when
 a pool file is found, so validating chains stays as light as before.
+
+A chain's ``tool:``/``runnable:`` files are read (parsed, never run: validating executes no code)
+to see that the name a reference points at is defined there, so ``tools/weather.py:nopex`` is
+reported at the chain's line instead of failing at run time.
 """
 
 from __future__ import annotations
@@ -90,7 +94,55 @@ def _check(path: Path, kind: Kind, allowed_modules: Sequence[str] | None) -> Non
     else:
         from ..spec import load_spec
 
-        load_spec(path, allowed_modules=allowed_modules)
+        loaded = load_spec(path, allowed_modules=allowed_modules)
+        _check_definitions(path, loaded.source_dir)
+
+
+def _check_definitions(path: Path, source_dir: Path) -> None:
+    """Every ``tool:``/``runnable:`` file reference names something its file defines; the first
+    that does not is a SpecError at the reference's line (the files are parsed, not run)."""
+    from ..spec import read_yaml
+    from ..spec._imports import definition_problem
+    from ..spec._template import format_path
+
+    doc = read_yaml(path)
+    seen: dict[str, str | None] = {}
+    found: list[tuple[int | None, str, str]] = []  # (line, field, problem)
+    for loc, ref in _references(doc.data, ()):
+        if ref not in seen:
+            seen[ref] = definition_problem(ref, source_dir)
+        problem = seen[ref]
+        if problem is not None:
+            found.append((doc.line(loc), format_path(loc), problem))
+    if not found:
+        return
+    line, field, message = found[0]
+    also = [f"line {n}: {f}: {p}" if n is not None else f"{f}: {p}" for n, f, p in found[1:]]
+    if also:
+        message += "; also " + "; ".join(also)
+    raise SpecError(message, file=os.fspath(path), line=line, field=field)
+
+
+def _references(
+    node: object, loc: tuple[str | int, ...]
+) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """``(path, reference)`` of every step's ``tool``/``runnable`` in a chain's data, nested
+    groups (``parallel``, ``switch`` cases, ``map`` steps) and agents' ``tools`` included."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("tool", "runnable") and isinstance(value, str) and "id" in node:
+                yield (*loc, key), value
+            elif key == "tools" and isinstance(value, list) and loc and loc[-1] == "agent":
+                for index, entry in enumerate(value):  # an agent's tools: ref or {tool: ref}
+                    if isinstance(entry, str):
+                        yield (*loc, key, index), entry
+                    elif isinstance(entry, dict) and isinstance(entry.get("tool"), str):
+                        yield (*loc, key, index, "tool"), entry["tool"]
+            elif isinstance(value, dict | list):
+                yield from _references(value, (*loc, key))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _references(item, (*loc, index))
 
 
 def validate(

@@ -1,4 +1,4 @@
-"""Semantic concurrency keys (DESIGN §5): per-user, per-session, per-model limits.
+"""Semantic concurrency keys (docs/concurrency.md): per-user, per-session, per-model limits.
 
 ``open_limiter(store_url)`` picks the implementation that matches the checkpoint store: with a
 Redis store the keys live in the same Redis and hold across every process and host
@@ -59,7 +59,7 @@ def open_limiter(store_url: str, *, lease_ttl_s: float = 10.0) -> Limiter:
             from ._redis import RedisLimiter
         except ImportError as exc:  # redis is an optional extra
             raise ConcurrencyError(
-                f"store {scheme}://... needs the redis package: pip install 'chainrt[redis]'"
+                f"store {scheme}://... needs the redis package: pip install -e '.[redis]' in the chainrt repository"
             ) from exc
         return RedisLimiter.from_url(store_url, lease_ttl_s=lease_ttl_s)
     if scheme == "sqlite":

@@ -1,4 +1,4 @@
-"""The limiter protocol behind semantic concurrency keys (DESIGN §5).
+"""The limiter protocol behind semantic concurrency keys (docs/concurrency.md).
 
 A :class:`Limiter` hands out slots of named keys. Every implementation keeps these promises, and
 ``chainrt.testing.limiter_conformance`` checks them:

@@ -1,4 +1,9 @@
-"""A wake-up flag for one waiting acquisition, settable from any thread."""
+"""A wake-up flag for one waiting acquisition, settable from any thread.
+
+Every limiter's waiters sleep on one (local, SQLite and Redis alike); what sets them differs: a
+release in the same process, or, for the Redis limiter, a message on its pub/sub channel routed
+to the waiter's flag by :mod:`._redis_wakeups`.
+"""
 
 from __future__ import annotations
 

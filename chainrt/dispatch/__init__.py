@@ -1,4 +1,4 @@
-"""Dispatch of LLM steps to model backends (DESIGN §7).
+"""Dispatch of LLM steps to model backends (docs/dispatch.md).
 
     dispatcher = make_dispatcher("pool.yaml")          # models -> endpoints, plus "local"
     answer = await dispatcher.complete(LlmCall(model="primary", messages=[...],
@@ -7,8 +7,10 @@
 
 The parts: the pool file (``_pool``), the shared HTTP client (``_client``), endpoint states
 (``_endpoints``) judged by pure breakers (``_breaker``) and a pure weighted choice (``_choice``),
-readiness polling (``_health``), the HTTP backend (``_http``), recent latency (``_latency``), the
-pure retry/fallback decisions (``_policy``) and the loop that applies them (``_dispatcher``).
+readiness polling (``_health``), the HTTP backend (``_http``; its wire format in ``_http_wire``,
+the pool's shared client and table in ``_resources``), recent latency (``_latency``), the pure
+retry/fallback decisions (``_policy``) and the loop that applies them (``_dispatcher``: its shared
+state in ``_state``, each model's tries in ``_model_try``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def make_dispatcher(
     ``None``: only the in-process ``local`` model. ``local`` stays the in-process model unless
     the pool maps ``local`` to endpoints. :class:`~chainrt.SpecError` when the file is invalid.
     With tracing ``hooks``, every backend is wrapped so that each attempt is an ``llm.dispatch``
-    span (:class:`chainrt.tracing._intercept.TracedBackend`).
+    span (:class:`chainrt.tracing._backend.TracedBackend`).
     """
     backends: dict[str, ModelBackend] = {"local": LocalBackend()}
     window = 20
@@ -61,7 +63,7 @@ def make_dispatcher(
         backends.update(pool_backends(config))
         window = config.latency_window
     if observes(hooks):
-        from ..tracing._intercept import trace_backends
+        from ..tracing._backend import trace_backends
 
         backends = trace_backends(backends, hooks)
     return Dispatcher(backends, latency=LatencyTracker(size=window, min_samples=min(3, window)))

@@ -36,6 +36,10 @@ class BackendAnswer:
     """Time the worker kept the request waiting for an engine slot."""
     admission_ms: float | None = None
     """Time the worker's memory admission took."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server took from its cache (None: not reported)."""
+    cost: float | None = None
+    """What the tokens cost at the pool's ``price`` for the model (None: no price)."""
 
 
 class ModelBackend(abc.ABC):
@@ -131,7 +135,7 @@ class LocalBackend(ModelBackend):
         return True
 
     async def prepare(self) -> None:
-        from workers.engines import get_local_engine
+        from ..engines import get_local_engine
 
         engine = get_local_engine()
         try:
@@ -144,12 +148,12 @@ class LocalBackend(ModelBackend):
             ) from exc
 
     def baseline(self) -> tuple[Sample, ...]:
-        from workers.engines import get_local_engine
+        from ..engines import get_local_engine
 
         return _calibrations.get(id(get_local_engine()), ())
 
     def context_window(self) -> int | None:
-        from workers.engines import get_local_engine
+        from ..engines import get_local_engine
 
         return int(get_local_engine().context_tokens)
 
@@ -163,7 +167,7 @@ class LocalBackend(ModelBackend):
         avoid: frozenset[str] = frozenset(),
         on_text: TextSink | None = None,
     ) -> BackendAnswer:
-        from workers.engines import ChatMessage, GenerationRequest, get_local_engine
+        from ..engines import ChatMessage, GenerationRequest, get_local_engine
 
         request = GenerationRequest(
             messages=[ChatMessage(role, content) for role, content in call.messages],
@@ -211,7 +215,7 @@ async def _streamed(engine: Any, request: Any, on_text: TextSink) -> Any:
 
 async def _measure(engine: Any) -> tuple[Sample, ...]:
     """One warm-up token, then the calibration generation, timed."""
-    from workers.engines import ChatMessage, GenerationRequest
+    from ..engines import ChatMessage, GenerationRequest
 
     def request(max_tokens: int) -> Any:
         return GenerationRequest(

@@ -1,4 +1,4 @@
-"""Circuit breakers per endpoint and error class, as a pure state machine (DESIGN §7).
+"""Circuit breakers per endpoint and error class, as a pure state machine (docs/dispatch.md).
 
 One breaker watches one error class on one endpoint::
 
@@ -108,6 +108,7 @@ BREAKER_CLASSES: tuple[str, ...] = (
     "oom",
     "overloaded",
     "low_confidence",
+    "auth",
 )
 """Error classes that count against an endpoint (others, e.g. bad_output, count as answers).
 
@@ -136,6 +137,11 @@ DEFAULT_POLICIES: Mapping[str, BreakerPolicy] = {
     # A model that mostly answers unsure (wrong weights, bad quantisation, drifted replica) does
     # not recover within seconds: trip on a clear majority, and stay away for a while.
     "low_confidence": BreakerPolicy(window=20, min_requests=5, failure_rate=0.5, cooldown_s=30.0),
+    # 401/403: the key is wrong, expired or rotated, a configuration error that no retry fixes:
+    # open at the first one, and try again (the key may have been replaced) now and then.
+    "auth": BreakerPolicy(
+        window=1, min_requests=1, failure_rate=1.0, cooldown_s=30.0, max_cooldown_s=300.0
+    ),
 }
 """The policy of each breaker class unless the pool file overrides it."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from .._bounded import within
@@ -20,14 +20,23 @@ _GUARD_SLACK_S = 0.01
 """Backends stop themselves at the attempt's end; this guard cancels one that does not."""
 
 
-async def bounded(work: Coroutine[Any, Any, BackendAnswer], end: float) -> BackendAnswer:
+async def bounded(
+    work: Coroutine[Any, Any, BackendAnswer], end: float, went: Sequence[str] = ()
+) -> BackendAnswer:
     """Await a backend attempt, cancelling it a little after ``end`` (backends stop by then);
-    one that does not wind down at once is abandoned (:func:`chainrt._bounded.within`)."""
+    one that does not wind down at once is abandoned (:func:`chainrt._bounded.within`).
+
+    ``went``: the endpoints the attempt was sent to so far; a cut names the last, as the
+    backend's own timeout would (on a loaded machine the guard can fire first), so the attempt
+    log, the endpoint's breaker and the retry's ``avoid`` see the same cut either way.
+    """
     try:
         return await within(work, max(end - time.time(), 0) + _GUARD_SLACK_S)
     except TimeoutError:
         raise BackendError(
-            "attempt ran past its end and was cancelled", error_class="timeout"
+            "attempt ran past its end and was cancelled",
+            error_class="timeout",
+            endpoint=went[-1] if went else None,
         ) from None
 
 

@@ -1,4 +1,4 @@
-"""Which endpoint of a model gets the next request: a pure, table-testable choice (DESIGN §7).
+"""Which endpoint of a model gets the next request: a pure, table-testable choice (docs/dispatch.md).
 
 Only usable endpoints take part: ready (or not yet probed), circuit closed (or due for its trial),
 not asked to wait by a ``Retry-After``. Among them the choice is random, weighted by

@@ -1,4 +1,4 @@
-"""The one pooled ``httpx.AsyncClient`` a dispatcher uses for every endpoint (DESIGN §7).
+"""The one pooled ``httpx.AsyncClient`` a dispatcher uses for every endpoint (docs/dispatch.md).
 
 TCP endpoints share one connection pool; Unix-socket endpoints (``unix:///run/w1.sock``) are
 reached through the same client: each socket path gets a stable made-up host name, and a routing
@@ -23,6 +23,8 @@ import ssl
 from urllib.parse import urlsplit
 
 import httpx
+
+from ._credentials import TlsOptions, tls_context
 
 __all__ = ["ClientPool", "base_url", "ssl_context"]
 
@@ -50,16 +52,37 @@ def base_url(url: str) -> str:
     return url
 
 
-class _Router(httpx.AsyncBaseTransport):
-    """Sends requests for made-up UDS hosts through a socket transport; the rest over TCP."""
+Origin = tuple[str, int]
+"""(host, port) of an ``https://`` endpoint with certificate options of its own."""
 
-    def __init__(self, sockets: dict[str, str]) -> None:
+
+def _origin(host: str, port: int | None) -> Origin:
+    return host.lower(), port or 443
+
+
+class _Router(httpx.AsyncBaseTransport):
+    """Sends requests for made-up UDS hosts through a socket transport, those for an origin
+    with certificate options of its own through a transport using them, the rest over TCP."""
+
+    def __init__(self, sockets: dict[str, str], tls: dict[Origin, TlsOptions]) -> None:
         self._sockets = sockets  # made-up host -> socket path (shared, grows as pools register)
+        self._tls = tls  # https origin -> its certificate options (shared, like sockets)
         self._tcp = httpx.AsyncHTTPTransport(verify=ssl_context(), limits=_LIMITS)
         self._uds: dict[str, httpx.AsyncHTTPTransport] = {}
+        self._own: dict[Origin, httpx.AsyncHTTPTransport] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
+        if self._tls and request.url.scheme == "https":
+            origin = _origin(host, request.url.port)
+            options = self._tls.get(origin)
+            if options is not None:
+                own = self._own.get(origin)
+                if own is None:
+                    own = self._own[origin] = httpx.AsyncHTTPTransport(
+                        verify=tls_context(options), limits=_LIMITS
+                    )
+                return await own.handle_async_request(request)
         if host.endswith(_UDS_DOMAIN):
             path = self._sockets.get(host)
             if path is None:
@@ -75,7 +98,7 @@ class _Router(httpx.AsyncBaseTransport):
         return await self._tcp.handle_async_request(request)
 
     async def aclose(self) -> None:
-        for transport in [self._tcp, *self._uds.values()]:
+        for transport in [self._tcp, *self._uds.values(), *self._own.values()]:
             with contextlib.suppress(Exception):
                 await transport.aclose()
 
@@ -85,14 +108,26 @@ class ClientPool:
 
     def __init__(self) -> None:
         self._sockets: dict[str, str] = {}
+        self._tls: dict[Origin, TlsOptions] = {}
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def register(self, url: str) -> str:
-        """Make endpoint ``url`` reachable; returns its HTTP base URL (see :func:`base_url`)."""
+    def register(self, url: str, tls: TlsOptions | None = None) -> str:
+        """Make endpoint ``url`` reachable (an ``https://`` one with certificate options
+        ``tls``); returns its HTTP base URL (see :func:`base_url`). ValueError when another
+        endpoint of the same host and port was registered with other certificate options."""
         base = base_url(url)
         if url.startswith("unix://"):
             self._sockets[urlsplit(base).hostname or ""] = urlsplit(url).path
+        elif tls is not None and not tls.default and url.startswith("https://"):
+            parts = urlsplit(url)
+            origin = _origin(parts.hostname or "", parts.port)
+            known = self._tls.setdefault(origin, tls)
+            if known != tls:
+                raise ValueError(
+                    f"{origin[0]}:{origin[1]} is given two different tls settings; "
+                    "one host and port is one server"
+                )
         return base
 
     def get(self) -> httpx.AsyncClient:
@@ -102,7 +137,7 @@ class ClientPool:
             # A client left behind by another (finished) loop cannot be closed from this one;
             # its connections died with that loop.
             self._client = httpx.AsyncClient(
-                transport=_Router(self._sockets),
+                transport=_Router(self._sockets, self._tls),
                 verify=ssl_context(),
                 timeout=60.0,
                 follow_redirects=False,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ._breaker import BreakerPolicy, BreakerState, abandon_all, admit_all, record_all, refuses
 from ._choice import Candidate
+from ._credentials import EndpointAuth
 
 __all__ = ["EndpointState", "EndpointTable", "Ticket"]
 
@@ -30,6 +31,8 @@ class EndpointState:
     not_before: float = 0.0
     """No new request before this (monotonic seconds): the endpoint's last ``Retry-After``."""
     breakers: dict[str, BreakerState] = field(default_factory=dict)
+    auth: EndpointAuth | None = None
+    """The endpoint's key and headers (an unset key variable makes it unusable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,8 @@ class EndpointTable:
 
     def why_unusable(self, state: EndpointState, now: float) -> str | None:
         """Why no request may go to this endpoint now (None: it may)."""
+        if state.auth is not None and (missing := state.auth.missing()) is not None:
+            return missing
         if state.ready is False:
             return f"not ready ({state.ready_detail or 'health check failed'})"
         if now < state.not_before:

@@ -1,4 +1,4 @@
-"""Background polling of every endpoint's readiness, with short timeouts (DESIGN §7).
+"""Background polling of every endpoint's readiness, with short timeouts (docs/dispatch.md).
 
 chainrt workers answer ``GET /health/ready`` with 200 only while their last real generation
 passed (503 while starting or recovering from an OOM). A plain vLLM OpenAI server has no such
@@ -19,6 +19,7 @@ import logging
 import httpx
 
 from ._client import ClientPool
+from ._credentials import EndpointAuth
 from ._endpoints import EndpointTable
 
 __all__ = ["HealthPoller"]
@@ -42,13 +43,17 @@ class HealthPoller:
         self.timeout_s = timeout_s
         self._bases: dict[str, str] = {}
         self._paths: dict[str, str] = {}
+        self._auth: dict[str, EndpointAuth] = {}
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
         """Completed polling rounds (for tests and diagnostics)."""
 
-    def watch(self, url: str, base: str) -> None:
-        """Poll endpoint ``url`` (reached at HTTP ``base``)."""
+    def watch(self, url: str, base: str, auth: EndpointAuth | None = None) -> None:
+        """Poll endpoint ``url`` (reached at HTTP ``base``; ``auth``: its key and headers go
+        with each poll, a gateway may ask for them)."""
         self._bases[url] = base
+        if auth is not None:
+            self._auth[url] = auth
 
     def ensure_running(self) -> None:
         """Start polling in the running loop unless it already runs there."""
@@ -93,11 +98,17 @@ class HealthPoller:
     async def _check(self, url: str) -> tuple[bool, str | None]:
         client = self._clients.get()
         path = self._paths.get(url, READY_PATH)
+        auth = self._auth.get(url)
+        headers = None if auth is None else auth.request_headers()
         try:
-            response = await client.get(self._bases[url] + path, timeout=self.timeout_s)
+            response = await client.get(
+                self._bases[url] + path, timeout=self.timeout_s, headers=headers
+            )
             if response.status_code == 404 and path == READY_PATH:
                 self._paths[url] = PLAIN_PATH  # not a chainrt worker: use vLLM's route
-                response = await client.get(self._bases[url] + PLAIN_PATH, timeout=self.timeout_s)
+                response = await client.get(
+                    self._bases[url] + PLAIN_PATH, timeout=self.timeout_s, headers=headers
+                )
         except httpx.TimeoutException:
             return False, f"health check took over {self.timeout_s * 1000:.0f}ms"
         except httpx.HTTPError as exc:

@@ -1,8 +1,9 @@
-"""Hedged attempts (DESIGN §7): a second attempt when the first is slower than usual.
+"""Hedged attempts (docs/dispatch.md): a second attempt when the first is slower than usual.
 
 A step with ``llm.hedge: {after: p95}`` starts its attempt as usual. When that attempt has not
 answered after the chosen percentile of its endpoint's recent answer times (or after a fixed
-``after: 250ms``), and what is left of the attempt's time still holds the model's usual answer
+``after: 250ms``; or, when its endpoint is slow now — in a spike — after the time the model is
+expected to need elsewhere), and what is left of the attempt's time still holds the model's usual answer
 time, a second attempt goes to *another* usable endpoint of the same model. The first answer
 wins; the other attempt is cancelled, which closes its HTTP connection, so a chainrt worker
 stops generating for it. A failure of one of the two does not end the pair while the other runs.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import BackendError
+from ._adapt import hedge_after
 from ._backend import BackendAnswer, ModelBackend, TextSink
 from ._latency import LatencyTracker
 from ._policy import MIN_ATTEMPT_S
@@ -73,15 +75,25 @@ async def run_hedged(
     latency: LatencyTracker,
     avoid: frozenset[str],
     end: float,
+    slow: Callable[[str], bool] | None = None,
+    other_expected_s: float | None = None,
 ) -> tuple[list[Leg], Leg | None]:
-    """Run ``call`` on ``model``, hedged when slow: the legs and the one that answered."""
+    """Run ``call`` on ``model``, hedged when slow: the legs and the one that answered.
+
+    ``slow``: whether an endpoint is slow now (in a spike); the hedge of an attempt that went
+    to one starts once it has run ``other_expected_s`` (the model's expected time for the
+    request elsewhere), not after the endpoint's usual tail (:func:`~._adapt.hedge_after`).
+    """
 
     def threshold(endpoint: str) -> float | None:
         if call.hedge_after_ms is not None:
-            return call.hedge_after_ms / 1000
-        assert call.hedge_quantile is not None
-        key = f"{model}@{endpoint}"
-        return latency.seconds_quantile(key, time.monotonic(), call.hedge_quantile)
+            usual: float | None = call.hedge_after_ms / 1000
+        else:
+            assert call.hedge_quantile is not None
+            key = f"{model}@{endpoint}"
+            usual = latency.seconds_quantile(key, time.monotonic(), call.hedge_quantile)
+        own_slow = slow is not None and slow(endpoint)
+        return hedge_after(usual, own_slow=own_slow, other_expected_s=other_expected_s)
 
     return await HedgedTry(
         call,

@@ -1,4 +1,4 @@
-"""A model served by HTTP endpoints: chainrt workers or any OpenAI-compatible server (DESIGN §7).
+"""A model served by HTTP endpoints: chainrt workers or any OpenAI-compatible server (docs/dispatch.md).
 
 One :class:`HttpBackend` per pool model. Each attempt picks an endpoint (:mod:`._choice` over the
 states in :mod:`._endpoints`), passes its breakers, and POSTs ``/v1/chat/completions`` through
@@ -19,86 +19,51 @@ Every failure becomes a :class:`BackendError` whose ``error_class`` is one of th
 classes — ``connect`` (refused, dropped), ``timeout``, ``5xx``, ``oom`` (503), ``overloaded``
 (429; a worker's ``insufficient_memory`` refusal is an :class:`~chainrt.errors.InsufficientMemory`
 with its ``max_tokens`` advice) — or ``bad_request`` (4xx: the request itself is
-wrong, retrying cannot help) or ``unavailable`` (no endpoint may be tried now).
+wrong, retrying cannot help), ``unavailable`` (no endpoint may be tried now; an endpoint whose
+key variable is unset is never tried) or ``auth`` (401/403: the endpoint refused its key).
+
+A hosted endpoint (:mod:`._credentials`) adds its API key (from the environment variable the
+pool names), its fixed headers, its route and query to each request, and the pool model's
+request options (``max_tokens_field``, extra ``body`` fields) shape the body. Usage (prompt,
+completion and cached tokens) is read from the answer's ``usage``; with a ``price`` the answer
+carries its cost (:mod:`._usage`).
+
+What goes on the wire and what came back (the body, the streamed reading, the answer, the error a
+failure means) is :mod:`._http_wire`'s; the pool's shared client, endpoint table and health
+poller are :class:`~._resources.PoolResources`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import email.utils
-import json
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
-from ..errors import BackendError, InsufficientMemory
-from ..wire import INSUFFICIENT_MEMORY, breaker_class, parse_error_body, request_headers
+from ..errors import BackendError
+from ..wire import request_headers
 from ._backend import BackendAnswer, ModelBackend, TextSink
-from ._breaker import BreakerPolicy
 from ._choice import choose
-from ._client import ClientPool, ssl_context
-from ._endpoints import EndpointTable, Ticket
-from ._health import HealthPoller
-from ._hops import extensions
-from ._sse import ChunkReader
+from ._credentials import Access
+from ._endpoints import Ticket
+from ._http_wire import (
+    endpoint_error,
+    error_from_response,
+    read_answer,
+    request_body,
+    short,
+    stream_answer,
+)
+from ._resources import PoolResources
 from ._types import LlmCall
+from ._usage import Price, priced
 
-__all__ = ["HttpBackend", "PoolResources", "error_from_response", "parse_retry_after"]
-
-CHAT_PATH = "/v1/chat/completions"
-_MAX_RETRY_AFTER_S = 3600.0
-_DETAIL_CHARS = 200
-_DRAIN_S = 0.05
-"""Longest wait for a streamed body to end after its ``[DONE]``."""
-
-
-class PoolResources:
-    """What the backends of one pool share: the client, the endpoint table, the health poller."""
-
-    def __init__(
-        self,
-        policies: Mapping[str, BreakerPolicy],
-        *,
-        health_interval_s: float | None = 1.0,
-        health_timeout_s: float = 0.5,
-        connect_timeout_s: float = 1.0,
-    ) -> None:
-        ssl_context()  # built here, at set-up, so that no request's deadline pays for it
-        self.clients = ClientPool()
-        self.table = EndpointTable(policies, unready_on_connect_error=health_interval_s is not None)
-        self.health = (
-            None
-            if health_interval_s is None
-            else HealthPoller(
-                self.table, self.clients, interval_s=health_interval_s, timeout_s=health_timeout_s
-            )
-        )
-        self.connect_timeout_s = connect_timeout_s
-
-    def register(self, url: str) -> str:
-        """Make ``url`` reachable (and polled); returns the HTTP base to send requests to."""
-        base = self.clients.register(url)
-        if self.health is not None:
-            self.health.watch(url, base)
-        return base
-
-    def start(self) -> None:
-        """Start health polling in the running loop (idempotent, cheap)."""
-        self.clients.get()
-        if self.health is not None:
-            self.health.ensure_running()
-
-    async def close(self) -> None:
-        """Stop polling and close the client (idempotent)."""
-        if self.health is not None:
-            await self.health.close()
-        await self.clients.close()
+__all__ = ["HttpBackend"]
 
 
 class HttpBackend(ModelBackend):
@@ -114,13 +79,20 @@ class HttpBackend(ModelBackend):
         rng: Callable[[], float] = random.random,
         context_window: int | None = None,
         low_confidence_below: float | None = None,
+        access: Mapping[str, Access] | None = None,
+        request: Mapping[str, Any] | None = None,
+        price: Price | None = None,
     ) -> None:
         self.model = model
         self.served_model = served_model
         self.endpoints = list(endpoints)
         self.resources = resources
         self._rng = rng
-        self._bases = {url: resources.register(url) for url, _ in self.endpoints}
+        self._access = {url: (access or {}).get(url) or Access() for url, _ in self.endpoints}
+        self._bases = {url: resources.register(url, self._access[url]) for url, _ in self.endpoints}
+        self._request = dict(request or {})
+        """The pool model's request options (``max_tokens_field``, ``body``, ``stream_usage``)."""
+        self.price = price
         self._context_window = context_window
         self._low_confidence_below = low_confidence_below
 
@@ -192,7 +164,7 @@ class HttpBackend(ModelBackend):
                     # not answer, which is the verdict the trial was for.
                     table.finish(ticket, error_class="timeout", now=time.monotonic())
                     finished = True
-                    raise _error(
+                    raise endpoint_error(
                         f"{exc.message} (the trial of an endpoint whose circuit was open, cut "
                         "at the model's p90)",
                         "timeout",
@@ -277,185 +249,50 @@ class HttpBackend(ModelBackend):
             raise BackendError("no time left for the request", error_class="timeout", endpoint=url)
         # call.traceparent is set by tracing inside the attempt's llm.dispatch span: the
         # worker's span is its child.
+        access = self._access[url]
         headers = request_headers(
             deadline_s=deadline,
             priority=call.priority,
             traceparent=call.traceparent,
             request_id=f"{call.run_id}:{call.step_id}" if call.run_id else None,
         )
+        headers.update(access.auth.request_headers())
         timeout = httpx.Timeout(left, connect=min(left, self.resources.connect_timeout_s))
-        target = self._bases[url] + CHAT_PATH
-        body = _body(call, self.served_model, max_tokens, stream=on_text is not None)
+        target = self._bases[url] + access.chat_path
+        if access.query:
+            target += "?" + urlencode(access.query)
+        body = request_body(
+            call, self.served_model, max_tokens, stream=on_text is not None, options=self._request
+        )
         try:
             # httpx times connect, write and read apart; this bounds the whole exchange, so the
             # attempt ends at its deadline with a verdict on the endpoint.
             async with asyncio.timeout(left):
                 if on_text is not None:
-                    return await _stream(client, target, body, headers, timeout, url, on_text)
+                    got = await stream_answer(
+                        client, target, body, headers, timeout, url, on_text, access.auth
+                    )
+                    return priced(got, self.price)
                 response = await client.post(target, content=body, headers=headers, timeout=timeout)
         except TimeoutError:
-            raise _error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
+            raise endpoint_error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout):
-                raise _error(
+                raise endpoint_error(
                     f"connecting took over {timeout.connect or 0:.2f}s", "connect", url
                 ) from None
-            raise _error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
+            raise endpoint_error(f"no answer within {left * 1000:.0f}ms", "timeout", url) from None
         except httpx.ConnectError as exc:
-            raise _error(f"cannot connect: {_short(exc)}", "connect", url) from None
+            raise endpoint_error(f"cannot connect: {short(exc)}", "connect", url) from None
         except httpx.HTTPError as exc:
-            raise _error(
-                f"connection dropped: {type(exc).__name__}: {_short(exc)}", "connect", url
+            raise endpoint_error(
+                f"connection dropped: {type(exc).__name__}: {short(exc)}", "connect", url
             ) from None
         if response.status_code != 200:
-            raise error_from_response(response.status_code, response.headers, response.content, url)
-        return _answer(response.content, url)
-
-
-async def _stream(
-    client: httpx.AsyncClient,
-    target: str,
-    body: bytes,
-    headers: dict[str, str],
-    limits: httpx.Timeout,
-    url: str,
-    on_text: TextSink,
-) -> BackendAnswer:
-    """POST a streamed request and hand each piece of text to ``on_text`` as it arrives.
-
-    Leaving early (the deadline, a cancelled step, a hedge that lost) closes the connection,
-    which stops a chainrt worker's generation at its next token.
-    """
-    async with client.stream(
-        "POST", target, content=body, headers=headers, timeout=limits
-    ) as response:
-        if response.status_code != 200:
-            content = await response.aread()
-            raise error_from_response(response.status_code, response.headers, content, url)
-        reader = ChunkReader(url)
-        lines = response.aiter_lines()
-        async for line in lines:
-            text = reader.feed(line)
-            if text is not None:
-                on_text(text)
-            if reader.done:
-                break
-        if reader.done:
-            # The body ends right after [DONE]: reading it to its end keeps the connection in
-            # the pool (an unread body closes it, and the next request pays a new connection
-            # before its first token). A server that does not end it soon is not waited for.
-            with contextlib.suppress(httpx.HTTPError, TimeoutError):
-                async with asyncio.timeout(_DRAIN_S):
-                    async for _ in lines:
-                        pass
-        return reader.answer()
-
-
-def _body(call: LlmCall, served_model: str, max_tokens: int, *, stream: bool = False) -> bytes:
-    payload: dict[str, Any] = {
-        "model": served_model,
-        "messages": [{"role": role, "content": content} for role, content in call.messages],
-        "max_tokens": max_tokens,
-        "temperature": call.temperature,
-    }
-    if stream:
-        payload["stream"] = True
-        payload["stream_options"] = {"include_usage": True}
-    if call.stop:
-        payload["stop"] = call.stop
-    if call.json_schema is not None:
-        payload["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": call.json_schema},
-        }
-    elif call.json_output:
-        payload["response_format"] = {"type": "json_object"}
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:_DETAIL_CHARS]
-
-
-def _error(message: str, error_class: str, url: str, *, retryable: bool = True) -> BackendError:
-    return BackendError(message, error_class=error_class, retryable=retryable, endpoint=url)
-
-
-def _answer(content: bytes, url: str) -> BackendAnswer:
-    """The answer in an OpenAI chat.completion body; a malformed body is the server's fault."""
-    try:
-        data = json.loads(content)
-        choice = data["choices"][0]
-        text = choice["message"].get("content") or ""
-        finish = choice.get("finish_reason") or "stop"
-        usage = data.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
-        if not isinstance(text, str) or not isinstance(finish, str):
-            raise TypeError("content and finish_reason must be strings")
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise _error(
-            f"malformed chat completion from the server: {_short(exc)}", "5xx", url
-        ) from None
-    return BackendAnswer(
-        text, finish, prompt_tokens, completion_tokens, endpoint=url, **extensions(data)
-    )
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """``Retry-After`` (seconds or an HTTP date) as seconds from now; None when absent or bad."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
-
-
-def error_from_response(
-    status: int, headers: Mapping[str, str], body: bytes, url: str
-) -> BackendError:
-    """The :class:`BackendError` a non-200 answer means (pure: no I/O).
-
-    The error class follows the status (:func:`chainrt.wire.breaker_class`); a worker's
-    ``insufficient_memory`` refusal is an :class:`~chainrt.errors.InsufficientMemory` carrying
-    its advice.
-    """
-    error = parse_error_body(body)
-    what = (
-        f"HTTP {status}"
-        + (f" {error.kind}" if error.kind else "")
-        + (f": {error.message}" if error.message else "")
-    )
-    retry_after = parse_retry_after(headers.get("retry-after"))
-    error_class = breaker_class(status)
-    if status == 429:
-        wait = error.advice_retry_after_s if error.advice_retry_after_s is not None else retry_after
-        if error.kind == INSUFFICIENT_MEMORY:
-            return InsufficientMemory(
-                what, advice_max_tokens=error.advice_max_tokens, retry_after_s=wait, endpoint=url
+            raise error_from_response(
+                response.status_code, response.headers, response.content, url, auth=access.auth
             )
-        return BackendError(
-            what,
-            error_class=error_class,
-            retry_after_s=wait,
-            endpoint=url,
-            advice_max_tokens=error.advice_max_tokens,
-        )
-    if error_class == "bad_request":
-        return BackendError(what, error_class=error_class, retryable=False, endpoint=url)
-    if error_class == "timeout":
-        return BackendError(what, error_class=error_class, endpoint=url)
-    return BackendError(what, error_class=error_class, retry_after_s=retry_after, endpoint=url)
+        return priced(read_answer(response.content, url), self.price)
 
 
 def _trial_deadline(call: LlmCall, ticket: Ticket, deadline: float) -> tuple[float, bool]:

@@ -1,4 +1,4 @@
-"""Recent latency of each candidate model and endpoint, by request size (DESIGN §7).
+"""Recent latency of each candidate model and endpoint, by request size (docs/dispatch.md).
 
 Dispatch uses it three ways: a model whose expected time cannot fit the time left is skipped; a
 primary's attempt is cut short to leave the next fallback the time it is expected to need (its

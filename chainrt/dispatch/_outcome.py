@@ -3,8 +3,8 @@ the step's static answer, or the error that lists every attempt."""
 
 from __future__ import annotations
 
+from .._records import AttemptRecord
 from ..errors import DispatchFailed, NoEndpoint
-from ..store._records import AttemptRecord
 from ._types import LlmAnswer, LlmCall
 
 __all__ = ["append", "no_answer", "skip", "static_answer"]

@@ -134,6 +134,15 @@ class NextCandidate:
     """False for a model with no usable endpoint (it will be skipped)."""
     in_flight: int = 0
     """Attempts on it in flight now: when many steps fall back at once, they queue there."""
+    coming: int = 0
+    """Attempts of the current model running now on endpoints that are slow (in a spike):
+    they are expected to fall back to it at about the same moment as this one, so they count
+    as its queue too (several runs falling back at once is the normal case in a spike)."""
+
+    @property
+    def queue(self) -> int:
+        """The requests this fallback is expected to find ahead: in flight and coming."""
+        return max(self.in_flight, 0) + max(self.coming, 0)
 
 
 def next_tried(
@@ -153,7 +162,7 @@ def fallback_need(rest: Sequence[NextCandidate], left_s: float, *, keep_partial:
     """Seconds the next fallback that would be tried is expected to need, queue included.
 
     Its 90th percentile (or median) for this request, plus the median of each attempt already
-    waiting there, at most the time left; zero when it is unknown, when nothing (or the static
+    waiting there or about to (:attr:`NextCandidate.queue`), at most the time left; zero when it is unknown, when nothing (or the static
     answer) comes next, or when its queue and median alone exceed the time left. The
     current candidate is never given time out of this (only out of the reserve's margin).
     """
@@ -167,9 +176,9 @@ def fallback_need(rest: Sequence[NextCandidate], left_s: float, *, keep_partial:
     # A fallback so queued that even its median wait and answer exceed the time left is no
     # safer bet than the current candidate: keeping its time would starve a healthy primary and
     # send every step to the congested fallback, which then times out too (issue 14).
-    if median * (1 + candidate.in_flight) > left_s:
+    if median * (1 + candidate.queue) > left_s:
         return 0.0
-    return min(known + candidate.in_flight * median, left_s)
+    return min(known + candidate.queue * median, left_s)
 
 
 def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: bool) -> float:
@@ -188,7 +197,7 @@ def reserve_for(rest: Sequence[NextCandidate], left_s: float, *, keep_partial: b
     known = candidate.p90_s if candidate.p90_s is not None else candidate.p50_s
     if known is None:
         return left_s * UNKNOWN_RESERVE_SHARE
-    generous = known * RESERVE_FACTOR + candidate.in_flight * (candidate.p50_s or known)
+    generous = known * RESERVE_FACTOR + candidate.queue * (candidate.p50_s or known)
     bare = fallback_need(rest, left_s, keep_partial=keep_partial)
     measured = min(generous, max(bare, left_s * MAX_RESERVE_SHARE))
     return min(max(measured, left_s * MIN_RESERVE_SHARE), left_s)
@@ -278,7 +287,7 @@ def queued_out(
     than it has now (issue 14: a healthy one-generation-at-a-time primary, queued behind other
     runs, cut, then the fallback cut too). Nothing is skipped when a figure is unknown.
     """
-    if own_queue <= 0 or own_p50_s is None or fallback is None or fallback.in_flight > 0:
+    if own_queue <= 0 or own_p50_s is None or fallback is None or fallback.queue > 0:
         return False
     own_finish = (own_queue + 1) * own_p50_s
     if own_finish <= span_s:

@@ -16,6 +16,7 @@ from ..errors import BackendError
 from ..wire import parse_error_body
 from ._backend import BackendAnswer
 from ._hops import extensions
+from ._usage import read_usage
 
 __all__ = ["ChunkReader"]
 
@@ -31,6 +32,7 @@ class ChunkReader:
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens: int | None = None
         self.extensions: dict[str, float | None] = {}
         """chainrt's extension fields of the usage chunk (confidence, timings)."""
         self.done = False
@@ -66,8 +68,7 @@ class ChunkReader:
     def _read(self, chunk: dict[str, Any]) -> str | None:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self.prompt_tokens, self.completion_tokens, self.cached_tokens = read_usage(usage)
             self.extensions = extensions(chunk)
         choices = chunk.get("choices") or []
         if not choices:
@@ -100,5 +101,6 @@ class ChunkReader:
             self.prompt_tokens,
             self.completion_tokens,
             endpoint=self.url,
+            cached_tokens=self.cached_tokens,
             **self.extensions,
         )

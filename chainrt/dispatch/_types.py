@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store._records import AttemptRecord
+from .._records import AttemptRecord
 from ..wire import Priority
 
 __all__ = ["LlmAnswer", "LlmCall", "Priority"]
@@ -59,6 +59,9 @@ class LlmCall:
     the attempt is cut after this many seconds (if its own end is later), and a trial cut there
     counts as a timeout against the endpoint (the dispatcher sets it on each attempt's copy:
     :func:`~chainrt.dispatch._policy.trial_span`; None: no cap)."""
+    tokens_left: int | None = None
+    """Tokens the run may still use (its ``max_tokens_total`` less what it used) when the step
+    started; an attempt that may need more is not started (None: no token budget)."""
     on_token: Callable[[str], None] | None = None
     """Set: stream the answer — each piece of generated text is passed here as it arrives (from
     every attempt: after a failed one, the next attempt's text starts over)."""

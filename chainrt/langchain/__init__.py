@@ -1,5 +1,5 @@
-"""LangChain integration (``pip install 'chainrt[langchain]'``): chains as Runnables, Runnables
-as steps, and a chat model over the worker pool (DESIGN §11).
+"""LangChain integration (``pip install -e '.[langchain]'`` in the chainrt repository): chains as Runnables, Runnables
+as steps, and a chat model over the worker pool (README.md).
 
     from chainrt.langchain import ChatChainrt
     llm = ChatChainrt(model="primary", fallbacks=["local"], pool="pool.yaml")
@@ -8,11 +8,15 @@ as steps, and a chat model over the worker pool (DESIGN §11).
 
 A chain step ``runnable: file.py:attr`` runs any Runnable under the step's deadline
 (:func:`run_runnable_step`, called by the runner). Importing this package imports
-``langchain_core`` (slow); nothing else in chainrt imports it.
+``langchain_core`` (slow); nothing else in chainrt imports it. The integration stands above the
+runtime core (docs/architecture.md): the core reaches ``ChainRunnable`` and ``run_runnable_step``
+through :mod:`chainrt._integrations` (this package's ``chainrt.integrations`` entry points, and
+the :func:`~chainrt._integrations.provide` calls below), never by importing this package.
 """
 
 from __future__ import annotations
 
+from .._integrations import provide
 from ._chat import ChatChainrt
 from ._events import ChainEvent, RunIncomplete
 from ._runnable import ChainRunnable
@@ -27,3 +31,6 @@ __all__ = [
     "run_runnable_step",
     "to_json_output",
 ]
+
+provide("as_runnable", ChainRunnable)
+provide("runnable_step", run_runnable_step)

@@ -12,9 +12,8 @@ from langchain_core.messages.tool import ToolCall as ToolCallDict
 from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from workers.engines import ToolSpec
-
 from ..dispatch import LlmAnswer, LlmCall
+from ..toolcalls import ToolSpec
 from ._tools import tool_calls
 
 __all__ = ["answer_chunks", "answer_metadata", "answer_usage", "chat_result"]

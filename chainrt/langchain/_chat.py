@@ -1,4 +1,4 @@
-"""``ChatChainrt``: a LangChain chat model over chainrt's dispatcher (DESIGN §7, §11).
+"""``ChatChainrt``: a LangChain chat model over chainrt's dispatcher (docs/dispatch.md; README.md).
 
 Existing LangChain code points at the worker pool and gains what an LLM step has: fallbacks in
 order, circuit breakers per endpoint, retries only when they fit the call's deadline, a static
@@ -14,7 +14,7 @@ that fails before its first token falls back as ``invoke`` does; one that fails 
 were yielded (a dropped connection, the deadline, invalid JSON) raises
 :class:`~chainrt.dispatch.DispatchFailed`: chunks already handed out cannot be taken back.
 
-Structured output and tool calling run on constrained decoding (DESIGN §7): the answer is decoded
+Structured output and tool calling run on constrained decoding (docs/dispatch.md): the answer is decoded
 into a JSON Schema by the engine itself, so even the small local model returns valid JSON of the
 schema. ``bind_tools`` offers the tools in a system message and decodes the answer into a
 tool-call schema (``{"name": ..., "arguments": {...}}``), which comes back as ``tool_calls``.
@@ -47,17 +47,11 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.engines import (
-    InvalidSchema,
-    ToolSpec,
-    tool_call_schema,
-    tools_instruction,
-)
-
 from .._errors import ChainRTError, InputError
 from .._runtime import default_hooks
 from .._settings import get_settings
 from ..dispatch import Dispatcher, DispatchFailed, LlmAnswer, LlmCall, Priority, make_dispatcher
+from ..toolcalls import InvalidSchema, ToolSpec, tool_call_schema, tools_instruction
 from ._answer import answer_chunks, chat_result
 from ._loop import aiterate_on_loop, iterate_sync, on_loop, on_shutdown, run_sync
 from ._messages import to_chat_pairs, with_json_instruction, with_system_text

@@ -3,90 +3,54 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import StepError
-from .._progress import Progress
+from .._events import EventProgress
 from .._result import RunResult
-
-if TYPE_CHECKING:
-    from ..spec import StepSpec
-    from ..store._records import AttemptRecord, RunRecord, StepRecord
 
 __all__ = ["ChainEvent", "QueueProgress", "RunIncomplete"]
 
 
 class ChainEvent(dict[str, Any]):
-    """One progress event of a streamed run; ``event`` is run_started, step_started, attempt,
-    token (``text``: an LLM step's generated text as it streams), step_finished or run_finished,
-    ``run_id`` the chainrt run. After a failed attempt of a step (an ``attempt`` event whose
-    ``status`` is not ``ok``), that step's earlier tokens are void: the next attempt starts over. A plain JSON-ready dict otherwise:
-    ``isinstance(chunk, ChainEvent)`` tells events from the final output."""
+    """One event of a streamed run, in the same shape as ``Runtime.stream`` and the SSE of
+    ``chainrt serve``: a JSON-ready dict with ``type`` (run_started, step_started, attempt,
+    token, step_finished or run_finished), ``run_id``, ``ts`` (unix seconds) and, for step
+    events, ``step_id``; the other keys are the type's own (see :meth:`RunEvent.to_dict`).
+
+    ``token`` carries ``text``, an LLM step's generated text as it streams. After a failed
+    attempt of a step (an ``attempt`` event whose ``status`` is not ``ok``), that step's earlier
+    tokens are void: the next attempt starts over. ``isinstance(chunk, ChainEvent)`` tells
+    events from the final output of a stream."""
 
 
 class RunIncomplete(StepError):
-    """A chain run behind a Runnable ended ``partial``, ``rejected`` or ``failed``.
+    """A chain run behind a Runnable ended ``partial``, ``rejected`` or ``failed``, or is
+    ``waiting`` at a ``wait`` step for a signal.
 
     ``result`` is the full :class:`~chainrt.RunResult`; invoking again with
-    ``configurable={"run_id": result.run_id}`` (and perhaps a new ``budget``) resumes the run.
+    ``configurable={"run_id": result.run_id}`` (and perhaps a new ``budget``) resumes the run
+    (a waiting one continues once its signal was sent: ``Runtime.signal(..., resume=False)`` or
+    ``chainrt signal --no-resume``).
     """
 
     def __init__(self, result: RunResult) -> None:
         self.result = result
         where = f" at step {result.stopped_at}" if result.stopped_at else ""
         why = f": {result.error}" if result.error else ""
+        ended = "is waiting" if result.status == "waiting" else f"ended {result.status}"
+        first = "send the signal, then " if result.status == "waiting" else ""
         super().__init__(
-            f"chain {result.chain!r} run {result.run_id} ended {result.status}{where}{why}; "
+            f"chain {result.chain!r} run {result.run_id} {ended}{where}{why}; {first}"
             f"resume it with config={{'configurable': {{'run_id': {result.run_id!r}}}}}",
             step_id=result.stopped_at,
             retryable=result.status in ("partial", "rejected"),
         )
 
 
-class QueueProgress(Progress):
-    """Turns the runner's progress callbacks into :class:`ChainEvent` items of a queue."""
-
-    wants_tokens = True
+class QueueProgress(EventProgress):
+    """Puts one run's events on a queue as :class:`ChainEvent` items, built exactly as the
+    runtime builds them for ``Runtime.stream`` and SSE (one shape everywhere)."""
 
     def __init__(self, events: asyncio.Queue[ChainEvent | None], run_id: str) -> None:
-        self._events = events
-        self._run_id = run_id
-
-    def _put(self, event: str, **fields: Any) -> None:
-        self._events.put_nowait(ChainEvent(event=event, run_id=self._run_id, **fields))
-
-    def run_started(self, record: RunRecord, *, resumed: bool) -> None:
-        self._put("run_started", chain=record.chain, resumed=resumed)
-
-    def step_started(self, step: StepSpec, allotted_ms: float, model: str | None) -> None:
-        self._put(
-            "step_started",
-            step=step.id,
-            kind=step.kind,
-            allotted_ms=round(allotted_ms, 3),
-            model=model,
-        )
-
-    def attempt(self, step_id: str, record: AttemptRecord) -> None:
-        self._put("attempt", step=step_id, **record.model_dump(mode="json"))
-
-    def token(self, step_id: str, text: str) -> None:
-        self._put("token", step=step_id, text=text)
-
-    def step_finished(self, record: StepRecord) -> None:
-        self._put(
-            "step_finished",
-            step=record.step_id,
-            status=record.status,
-            output=record.output,
-            attempts=record.attempts,
-            allotted_ms=record.allotted_ms,
-            elapsed_ms=record.elapsed_ms,
-            model=record.model,
-            fallback=record.fallback,
-            error=record.error,
-        )
-
-    def run_finished(self, result: RunResult) -> None:
-        summary = result.model_dump(mode="json", exclude={"run_id"})
-        self._put("run_finished", **summary)
+        super().__init__(lambda event: events.put_nowait(ChainEvent(event.to_dict())), run_id)

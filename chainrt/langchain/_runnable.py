@@ -1,4 +1,4 @@
-"""``ChainRunnable``: a chainrt chain as a LangChain ``Runnable[dict, Any]`` (DESIGN §11).
+"""``ChainRunnable``: a chainrt chain as a LangChain ``Runnable[dict, Any]`` (README.md).
 
     runnable = chainrt.load("chains/support_agent.yaml").as_runnable(store="sqlite:///runs.db")
     pipeline = runnable | RunnableLambda(lambda out: out["answer"])
@@ -12,15 +12,27 @@ budget (on resume: the time granted from now). A run that ends ``partial``, ``re
 ``failed`` raises :class:`RunIncomplete`, whose ``result`` says where it stopped; build the
 runnable with ``returns="result"`` to get every :class:`~chainrt.RunResult` back instead.
 
-Streaming (``stream``/``astream``/``astream_events``) yields :class:`ChainEvent` dicts while the
-run goes, then the final value as the last chunk:
+Streaming (``stream``/``astream``, and ``astream_events`` as ``on_chain_stream`` chunks) yields
+the run's events as :class:`ChainEvent` dicts while the run goes, then the final value as the
+last chunk. The events are those of ``Runtime.stream`` and of ``chainrt serve``'s SSE, key for
+key: ``type``, ``run_id``, ``ts`` (unix seconds), ``step_id`` for step events, then the type's
+own fields:
 
-    {"event": "run_started",   "run_id": ..., "chain": ..., "resumed": False}
-    {"event": "step_started",  "run_id": ..., "step": "intent", "allotted_ms": 1600.0, ...}
-    {"event": "step_finished", "run_id": ..., "step": "intent", "status": "completed",
-     "output": ..., "elapsed_ms": 412.3, "attempts": 1, "model": ..., "fallback": ..., ...}
-    {"event": "run_finished",  "run_id": ..., "status": "completed", "output": ..., ...}
+    {"type": "run_started",   "run_id": ..., "ts": ..., "chain": ..., "budget": {...},
+     "resumed": False}
+    {"type": "step_started",  "run_id": ..., "ts": ..., "step_id": "intent",
+     "allotted_ms": 1600.0, "model": ...}
+    {"type": "token",         "run_id": ..., "ts": ..., "step_id": "intent", "text": ...}
+    {"type": "attempt",       "run_id": ..., "ts": ..., "step_id": "intent", "attempt": 1,
+     "model": ..., "endpoint": ..., "status": "ok", "ms": 410.9, "why": None}
+    {"type": "step_finished", "run_id": ..., "ts": ..., "step_id": "intent",
+     "status": "completed", "attempts": 1, "elapsed_ms": 412.3, "model": ..., ...}
+    {"type": "run_finished",  "run_id": ..., "ts": ..., "status": "completed", "output": ...,
+     "steps": [...], ...}
     <the output>
+
+``token`` and ``attempt`` events come from LLM steps only. After an ``attempt`` whose ``status``
+is not ``ok``, the step's earlier tokens are void (the next attempt starts over).
 
 Events cannot be added to each other, so LangChain's stream aggregation (``a + b``, falling back
 to the later chunk) reduces a stream to its last chunk: the output. Runnables after this one in a
@@ -61,7 +73,7 @@ from ._steps import CHAINRT_CONFIG_KEYS
 
 if TYPE_CHECKING:
     from .._chain import Chain
-    from ..store._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ["ChainRunnable"]
 

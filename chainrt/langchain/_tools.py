@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.engines import InvalidSchema, ToolCall, ToolSpec, parse_tool_answer
-
 from .._errors import InputError
 from ..dispatch import LlmAnswer
+from ..toolcalls import InvalidSchema, ToolCall, ToolSpec, parse_tool_answer
 
 __all__ = ["tool_calls", "tool_choice", "tool_specs"]
 

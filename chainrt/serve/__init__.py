@@ -1,4 +1,4 @@
-"""``chainrt serve`` (DESIGN §12): a long-lived runner with an HTTP API and a share of the queue.
+"""``chainrt serve`` (docs/serve.md): a long-lived runner with an HTTP API and a share of the queue.
 
     from chainrt.serve import Service, ServeConfig, create_app
     service = Service(ServeConfig(chains="chains", store="redis://...", max_runs=16))

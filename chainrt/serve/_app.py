@@ -1,4 +1,4 @@
-"""The HTTP API of ``chainrt serve`` (DESIGN §12) on FastAPI (Starlette + uvicorn underneath,
+"""The HTTP API of ``chainrt serve`` (docs/serve.md) on FastAPI (Starlette + uvicorn underneath,
 as the worker's server).
 
 :func:`create_app` builds the ASGI app around a :class:`~chainrt.serve.Service`; ``routes``
@@ -11,31 +11,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from .._durations import parse_duration_ms
+from .._api_tokens import load_tokens
+from .._durations import parse_budget_ms, parse_duration_ms
 from .._errors import ChainRTError, CheckpointError, InputError, RunNotFound, StoreUnavailable
-from ..store._records import RunRecord
+from .._records import RunRecord
+from .._settings import get_settings
+from ._body import CheckedJSONRoute
 from ._detail import run_detail
+from ._fleet_api import FleetMetrics, fleet_routes, handle_backend_errors
+from ._guard import AccessPolicy, Guard
 from ._listing import BadCursor, list_page
-from ._metrics import ServeMetrics
+from ._metrics import ConnectionMetrics, ServeMetrics
 from ._models import (
     ChainInfo,
     ErrorBody,
     ResumeRequest,
     RunAccepted,
     RunSummary,
+    ServeConfig,
     SubmitRequest,
 )
 from ._service import Service, UnknownChain
+from ._signal_api import add_signal_route
+from ._streams import CappedStream
 
-__all__ = ["create_app"]
+__all__ = ["access_policy", "create_app"]
 
 _MAX_WAIT_S = 300.0
 _KEEPALIVE_S = 15.0
@@ -46,6 +55,26 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _snake(name: str) -> str:
+    """``CheckpointError`` → ``checkpoint_error``: every error type of the API in one case."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def access_policy(config: ServeConfig) -> AccessPolicy:
+    """The checks ``config`` asks for (``--tokens`` or ``CHAINRT_API_TOKENS``,
+    ``--allowed-host``, ``--max-body``); InputError for a bad token file or line."""
+    env = get_settings().api_tokens
+    tokens = load_tokens(config.tokens, env.get_secret_value() if env is not None else None)
+    hosts = list(config.allowed_hosts)
+    if config.host not in ("0.0.0.0", "::", ""):
+        hosts.append(config.host)  # the address it listens on names it too
+    return AccessPolicy.build(tokens, hosts, config.max_body)
+
+
+def _bad_field(field: str, message: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": ("body", field), "msg": message, "type": "value_error"}])
+
+
 def _error(status: int, kind: str, message: str, field: str | None = None) -> JSONResponse:
     body: dict[str, Any] = {"type": kind, "message": message}
     if field is not None:
@@ -53,7 +82,19 @@ def _error(status: int, kind: str, message: str, field: str | None = None) -> JS
     return JSONResponse({"error": body}, status_code=status)
 
 
-def _summary(run: RunRecord) -> RunSummary:
+def _too_many_streams(limit: int) -> JSONResponse:
+    message = f"{limit} event streams are open on this server (--max-streams); try again later"
+    answer = _error(429, "too_many_streams", message)
+    answer.headers["Retry-After"] = "5"
+    return answer
+
+
+async def _summary(service: Service, run: RunRecord) -> RunSummary:
+    """A list row; its ``reason``: why a queued run waits (no live runner serves its chain),
+    else the run's error (the reason a refused or dead-lettered run failed)."""
+    reason = run.error
+    if run.status == "queued":
+        reason = await service.waiting_reason(run.chain) or reason
     return RunSummary(
         run_id=run.run_id,
         chain=run.chain,
@@ -61,15 +102,25 @@ def _summary(run: RunRecord) -> RunSummary:
         budget={"total_ms": run.budget_total_ms, "used_ms": run.budget_used_ms},
         created_at=run.created_at,
         updated_at=run.updated_at,
+        reason=reason,
     )
 
 
 def create_app(
-    service: Service, *, routes: Sequence[BaseRoute] = (), manage: bool = True
+    service: Service,
+    *,
+    routes: Sequence[BaseRoute] = (),
+    manage: bool = True,
+    policy: AccessPolicy | None = None,
 ) -> FastAPI:
     """The ASGI app of ``service``. ``routes`` are added as they are; with ``manage`` the app's
-    lifespan starts the service and stops (drains) it."""
+    lifespan starts the service and stops (drains) it. Every request passes ``policy``'s checks
+    (default: :func:`access_policy` of the service's options; docs/security.md)."""
     metrics = ServeMetrics()
+    fleet_metrics = FleetMetrics(metrics.registry)
+    connection_metrics = ConnectionMetrics(metrics.registry)
+    policy = policy if policy is not None else access_policy(service.config)
+    max_budget_ms = service.config.max_budget_ms
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -87,7 +138,20 @@ def create_app(
         version="1",
         summary="Submit, watch and cancel chain runs; runs are queued and run by the fleet.",
         lifespan=lifespan,
+        # Swagger UI and ReDoc load their scripts from a CDN: off. /openapi.json stays.
+        docs_url=None,
+        redoc_url=None,
     )
+    app.router.route_class = CheckedJSONRoute  # JSON bodies checked as --input is
+    app.state.access_policy = policy
+    app.add_middleware(Guard, policy=policy)
+
+    def _bounded(budget: str | float | None) -> None:
+        if budget is not None:
+            try:
+                parse_budget_ms(budget, what="budget", max_ms=max_budget_ms)
+            except ChainRTError as exc:
+                raise _bad_field("budget", exc.message) from None
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -124,7 +188,7 @@ def create_app(
             status = 409  # e.g. resuming a completed run
         else:
             status = 500
-        return _error(status, type(exc).__name__, exc.message)
+        return _error(status, _snake(type(exc).__name__), exc.message)
 
     @app.post(
         "/v1/runs",
@@ -135,6 +199,7 @@ def create_app(
     async def submit(body: SubmitRequest) -> Response:
         """Queue a run. The same ``run_id`` with the same body again answers 200 and that run;
         with another body, 409."""
+        _bounded(body.budget)
         outcome = await service.submit(body)
         accepted = {"run_id": outcome.run.run_id, "status": outcome.run.status}
         if outcome.kind == "conflict":
@@ -161,7 +226,10 @@ def create_app(
                     [{"loc": ("query", "wait"), "msg": exc.message, "type": "value_error"}]
                 ) from None
         result = await service.result(run_id, wait_s)
-        return result.model_dump(mode="json")
+        body = result.model_dump(mode="json")
+        if result.status == "queued" and (reason := await service.waiting_reason(result.chain)):
+            body["reason"] = reason  # e.g. no live runner serves its chain
+        return body
 
     @app.get("/v1/runs/{run_id}/record", responses=_ERRORS)
     async def get_record(run_id: str) -> dict[str, Any]:
@@ -193,7 +261,7 @@ def create_app(
             except RunNotFound:
                 return []
             keep = (status is None or found.status == status) and chain in (None, found.chain)
-            return [_summary(found)] if keep else []
+            return [await _summary(service, found)] if keep else []
         try:
             runs, after = await list_page(
                 store, status=status, chain=chain, limit=limit, cursor=cursor
@@ -204,7 +272,7 @@ def create_app(
             ) from None
         if after is not None:
             response.headers["X-Next-Cursor"] = after
-        return [_summary(r) for r in runs]
+        return [await _summary(service, r) for r in runs]
 
     @app.get("/v1/chains", response_model=list[ChainInfo])
     async def chains() -> list[ChainInfo]:
@@ -227,13 +295,24 @@ def create_app(
     )
     async def resume(run_id: str, body: ResumeRequest | None = None) -> RunAccepted:
         """Queue a resume of a run that stopped (partial, failed, rejected, cancelled)."""
+        _bounded(body.budget if body else None)
         record = await service.resume(run_id, body.budget if body else None)
         return RunAccepted(run_id=run_id, status=record.status)
 
+    add_signal_route(app, service)  # POST /v1/runs/{run_id}/signal (chainrt/serve/_signal_api.py)
+
     @app.get("/v1/runs/{run_id}/events", responses=_ERRORS)
-    async def events(run_id: str) -> StreamingResponse:
-        """Server-Sent Events: the run's history, then live events, ending after run_finished."""
-        await service.runtime.store.get_run(run_id)  # 404 before the stream starts
+    async def events(run_id: str) -> Response:
+        """Server-Sent Events: the run's history (with the events of its step in flight), then
+        live events, ending after run_finished. 429 while ``--max-streams`` streams are open."""
+        release = service.streams.take()  # first: a refused stream costs no store read
+        if release is None:
+            return _too_many_streams(service.streams.limit)
+        try:
+            await service.runtime.store.get_run(run_id)  # 404 before the stream starts
+        except BaseException:
+            release()
+            raise
 
         async def stream() -> AsyncIterator[bytes]:
             source = service.events(run_id).__aiter__()
@@ -258,20 +337,28 @@ def create_app(
                 with contextlib.suppress(BaseException):
                     await source.aclose()  # type: ignore[attr-defined]
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        return CappedStream(
+            stream(),
+            release,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
 
     @app.get("/v1/events/runs")
     async def runs_events(
         last_event_id: str | None = Header(None, description="Set by EventSource on reconnect."),
-    ) -> StreamingResponse:
+    ) -> Response:
         """Server-Sent Events of the runs list: a ``run`` event (``change``: created or status,
         and the fields of a ``GET /v1/runs`` row) each time a run is created or changes status.
         A client that reconnects with ``Last-Event-ID`` gets what it missed, or a ``reload``
-        event (read the list again); a new stream starts with ``reload``."""
-        return StreamingResponse(
+        event (read the list again); a new stream starts with ``reload``. 429 while
+        ``--max-streams`` streams are open."""
+        release = service.streams.take()
+        if release is None:
+            return _too_many_streams(service.streams.limit)
+        return CappedStream(
             service.feed.stream(last_event_id),
+            release,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -294,11 +381,21 @@ def create_app(
     async def prometheus() -> Response:
         """Prometheus metrics."""
         metrics.in_flight.set(service.in_flight())
+        # chainrt serve's connection gate (serve/_main.py); absent when served another way.
+        connection_metrics.update(getattr(app.state, "connection_gate", None), service.streams)
         with contextlib.suppress(Exception):
-            for depth in await service.queue.depth():
-                metrics.queue_depth.labels(priority=depth.priority).set(depth.waiting)
-                metrics.queue_age.labels(priority=depth.priority).set(depth.oldest_age_s)
+            waiting: dict[str, tuple[int, float]] = {}
+            for depth in await service.queue.depth():  # one row per stream: summed per class
+                count, age = waiting.get(depth.priority, (0, 0.0))
+                waiting[depth.priority] = (count + depth.waiting, max(age, depth.oldest_age_s))
+            for priority, (count, age) in waiting.items():
+                metrics.queue_depth.labels(priority=priority).set(count)
+                metrics.queue_age.labels(priority=priority).set(age)
+        with contextlib.suppress(Exception):  # Redis away: the loops' figures still count
+            await fleet_metrics.update(service)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    app.include_router(fleet_routes(service))
+    handle_backend_errors(app)
     app.router.routes.extend(routes)
     return app

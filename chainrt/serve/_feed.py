@@ -36,7 +36,8 @@ from typing import Any
 
 from .._errors import ChainRTError, RunNotFound
 from .._events import RunEvent
-from ..store._records import RunRecord
+from .._records import RunRecord
+from ._supervise import LoopHealth, supervise
 
 __all__ = ["KEEP", "RunsFeed", "parse_notice", "row"]
 
@@ -53,7 +54,8 @@ Item = tuple[int, str, dict[str, Any]]
 
 
 def row(run: RunRecord, status: str | None = None) -> dict[str, Any]:
-    """The fields of a runs-list row (those of ``GET /v1/runs``)."""
+    """The fields of a runs-list row (those of ``GET /v1/runs``; its ``reason`` is the run's
+    error here: why a queued run waits is worked out by ``GET /v1/runs`` only)."""
     return {
         "run_id": run.run_id,
         "chain": run.chain,
@@ -61,6 +63,7 @@ def row(run: RunRecord, status: str | None = None) -> dict[str, Any]:
         "budget": {"total_ms": run.budget_total_ms, "used_ms": run.budget_used_ms},
         "created_at": run.created_at,
         "updated_at": run.updated_at,
+        "reason": run.error,
     }
 
 
@@ -93,6 +96,8 @@ class RunsFeed:
         self._clients: set[asyncio.Queue[Item | None]] = set()
         self._notices: asyncio.Queue[tuple[str, str | None]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self.health = LoopHealth("feed")
+        """The feed's loops, supervised: any exception starts them again (``_supervise``)."""
         self._ready: asyncio.Event | None = None
         self._stopper: asyncio.Task[None] | None = None
         self._closed = False
@@ -204,9 +209,12 @@ class RunsFeed:
         self._known.clear()
         self._notices = asyncio.Queue()
         self._ready = ready = asyncio.Event()
-        self._tasks = [asyncio.ensure_future(self._work(ready))]
+        self._tasks = [asyncio.ensure_future(supervise(self.health, lambda: self._work(ready)))]
         if self.bus_url is not None:
-            self._tasks.append(asyncio.ensure_future(self._hear(self.bus_url)))
+            url = self.bus_url
+            self._tasks.append(
+                asyncio.ensure_future(supervise(self.health, lambda: self._hear(url)))
+            )
         await ready.wait()
 
     async def _stop(self) -> None:
@@ -252,8 +260,15 @@ class RunsFeed:
                     await self._poll(baseline=False)
                 else:
                     await self._look(*notice)
+                self.health.ok()
             except (ChainRTError, OSError) as exc:
-                log.warning("runs feed: reading the store failed (%s); again later", exc)
+                # One line per outage, not per poll; /health/ready names the feed meanwhile.
+                if self.health.failed(exc).log:
+                    log.warning(
+                        "runs feed: reading the store failed (%s); again every %gs until it works",
+                        exc,
+                        self.poll_s,
+                    )
 
     async def _poll(self, *, baseline: bool) -> None:
         runs: list[RunRecord] = await self.store.list_runs(limit=self.window)

@@ -3,8 +3,9 @@
 The cursor names the last run a page covered (``created_at, run_id``) and the next page starts
 after it on the store's index: a page costs the same however many runs the store holds (no
 offset). It is URL-safe base64 of a JSON pair, read back with ``json.loads`` and type checks
-only. The chain filter is applied here, so a page reads at most :data:`SCAN_MAX` runs: one
-with fewer matches than asked for still carries a cursor when there are more runs to read.
+only. The status and chain filters are the store's: each walks an index of its own (a sorted
+set per status and per chain on Redis, an SQL index on SQLite), so a filtered page reads the
+runs it returns, not the runs it leaves out.
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ import math
 from typing import Any
 
 from .._errors import ChainRTError
-from ..store._records import RunRecord
+from .._records import RunRecord
 
-__all__ = ["SCAN_MAX", "BadCursor", "decode_cursor", "encode_cursor", "list_page"]
-
-SCAN_MAX = 5000
-"""Most runs one request reads when it filters by chain."""
+__all__ = ["BadCursor", "decode_cursor", "encode_cursor", "list_page"]
 
 
 class BadCursor(ChainRTError):
@@ -58,24 +56,7 @@ async def list_page(
 ) -> tuple[list[RunRecord], str | None]:
     """One page of runs and the cursor of the next one (None when there is no more)."""
     before = None if cursor is None else decode_cursor(cursor)
-    if chain is None:
-        runs: list[RunRecord] = await store.list_runs(status, limit + 1, before=before)
-        more = len(runs) > limit
-        runs = runs[:limit]
-        return runs, encode_cursor(runs[-1]) if more and runs else None
-    found: list[RunRecord] = []
-    scanned = 0
-    batch = max(limit, 200)
-    while scanned < SCAN_MAX:
-        page: list[RunRecord] = await store.list_runs(status, batch, before=before)
-        for run in page:
-            scanned += 1
-            if run.chain == chain:
-                found.append(run)
-                if len(found) == limit:
-                    return found, encode_cursor(run)
-        if len(page) < batch:
-            return found, None  # the store has no more
-        before = (page[-1].created_at, page[-1].run_id)
-    last = page[-1]
-    return found, encode_cursor(last)
+    runs: list[RunRecord] = await store.list_runs(status, limit + 1, before=before, chain=chain)
+    more = len(runs) > limit
+    runs = runs[:limit]
+    return runs, encode_cursor(runs[-1]) if more and runs else None

@@ -1,4 +1,4 @@
-"""The bodies of the ``chainrt serve`` HTTP API (DESIGN §12), as pydantic models.
+"""The bodies of the ``chainrt serve`` HTTP API (docs/serve.md), as pydantic models.
 
 They are the OpenAPI document's schemas too; every request model forbids unknown fields, so a
 typo is a 422 naming the field rather than a silently ignored option.
@@ -10,8 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .._durations import parse_duration_ms
+from .._durations import DEFAULT_MAX_BUDGET_MS, MIN_BUDGET_MS, parse_budget_ms
 from .._errors import ChainRTError
+from .._input_checks import MAX_INPUT_DEPTH, find_problem
+from ._guard import DEFAULT_MAX_BODY
 
 __all__ = [
     "ChainInfo",
@@ -30,11 +32,9 @@ def _duration(value: str | float | int | None, what: str) -> str | float | int |
     if value is None:
         return None
     try:
-        ms = parse_duration_ms(value, what=what)
+        parse_budget_ms(value, what=what)  # the upper bound is the server's: see _app
     except ChainRTError as exc:
         raise ValueError(exc.message) from None
-    if ms <= 0:
-        raise ValueError(f"{what} must be greater than zero")
     return value
 
 
@@ -57,11 +57,27 @@ class SubmitRequest(BaseModel):
         default="normal", description="Queue class: critical runs start before high, ..."
     )
 
-    @field_validator("budget")
+    @field_validator("budget", mode="before")
     @classmethod
-    def _budget(cls, value: str | float | None) -> str | float | None:
-        checked = _duration(value, "budget")
-        return None if checked is None else value
+    def _budget(cls, value: Any) -> Any:
+        return _duration(value, "budget")
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str | None) -> str | None:
+        # A path segment of /ui/runs/{id} and /v1/runs/{id}: "." and ".." would leave it.
+        if value in (".", ".."):
+            raise ValueError(f"run_id cannot be {value!r}")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # What the command line refuses in --input: it could be recorded but not read back.
+        problem = find_problem(value, max_depth=MAX_INPUT_DEPTH)
+        if problem is not None:
+            raise ValueError(problem.message)
+        return value
 
 
 class ResumeRequest(BaseModel):
@@ -73,11 +89,10 @@ class ResumeRequest(BaseModel):
         default=None, description="Give the run this much more time (default: what it had left)."
     )
 
-    @field_validator("budget")
+    @field_validator("budget", mode="before")
     @classmethod
-    def _budget(cls, value: str | float | None) -> str | float | None:
-        checked = _duration(value, "budget")
-        return None if checked is None else value
+    def _budget(cls, value: Any) -> Any:
+        return _duration(value, "budget")
 
 
 class RunAccepted(BaseModel):
@@ -96,6 +111,12 @@ class RunSummary(BaseModel):
     budget: dict[str, float]
     created_at: float
     updated_at: float
+    reason: str | None = Field(
+        default=None,
+        description="Why the run is not served or did not end well: for a queued run that no "
+        "live runner serves, that; else the run's error (a run refused or dead-lettered is "
+        "failed with its reason).",
+    )
 
 
 class ChainInfo(BaseModel):
@@ -131,4 +152,50 @@ class ServeConfig(BaseModel):
     )
     touch_every_s: float = Field(
         default=1.0, gt=0, description="How often a runner touches the entries it works on."
+    )
+    max_deliveries: int = Field(
+        default=3,
+        ge=1,
+        description="Deliveries of an entry whose handling fails for good before it is "
+        "dead-lettered (and its run marked failed).",
+    )
+    max_streams: int | None = Field(
+        default=None,
+        ge=1,
+        description="Event streams open at once (more: 429); default half of `ulimit -n`.",
+    )
+    access_log: bool = Field(default=False, description="Log one line per HTTP request.")
+    log_level: str = Field(default="info", description="Log level of the server's own lines.")
+    tokens: str | None = Field(
+        default=None,
+        description="Token file (name:scope[,scope]:sha256 a line); else CHAINRT_API_TOKENS.",
+    )
+    insecure_no_auth: bool = Field(
+        default=False, description="Listen on a non-loopback address without tokens."
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names accepted besides the loopback names."
+    )
+    max_body: int = Field(
+        default=DEFAULT_MAX_BODY, ge=1024, description="Largest request body accepted (bytes)."
+    )
+    max_budget_ms: float = Field(
+        default=DEFAULT_MAX_BUDGET_MS, ge=MIN_BUDGET_MS, description="Largest budget of a run."
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time a client gets to send a request's headers."
+    )
+    idle_timeout_s: float = Field(
+        default=5.0, gt=0, description="A kept-alive connection idle this long is closed."
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Time a client gets to send a request's body once its headers are in (408).",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Connections open at once (more wait to be accepted); default `ulimit -n` "
+        "less a reserve of 192 descriptors (a quarter of it at most).",
     )

@@ -2,8 +2,11 @@
 
 The HTTP handlers only write: a submit creates the run record (status ``queued``) and adds a
 queue entry; the runner's take loop starts runs from the queue, at most ``max_runs`` at once, and
-acknowledges an entry when its run is final. A maintenance loop touches the entries of the runs
-in flight and claims orphans (entries whose runner stopped touching them). On SIGTERM the runner
+acknowledges an entry when its run is final (``_handling`` handles one entry). The orphan loop
+claims entries whose runner stopped touching them; the maintenance loop touches the entries of
+the runs in flight and tells the fleet which chains this runner serves. Each loop is supervised
+(``_supervise``): any exception starts it again with backoff, and ``/health/ready`` names a loop
+while it is down. On SIGTERM the runner
 drains: it takes nothing more, each run stops at its next step boundary (or is stopped when the
 drain time is up), gives its lease back and its entry is handed back for another runner.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -25,34 +29,36 @@ from .._durations import parse_duration_ms
 from .._errors import (
     ChainRTError,
     CheckpointError,
-    FencedOut,
-    InputError,
-    RunLocked,
     RunNotFound,
-    SpecError,
     StoreUnavailable,
 )
 from .._events import RunEvent
-from .._lease import owner_state, this_host
+from .._records import RunRecord, StepRecord
 from .._result import RunResult
 from .._run import RunInterceptor, StepCall, StepStart
 from .._runner import check_inputs
 from .._runtime import Runtime
-from ..spec import load_spec
+from ..runs._lease import owner_state, this_host
 from ..spec._dump import spec_dump, spec_json
-from ..store._records import RunRecord, StepRecord
+from ._chains import load_chain_dir
 from ._feed import RunsFeed
+from ._handling import Draining, EntryHandler
 from ._models import ServeConfig, SubmitRequest
 from ._queue import Delivery, Entry, LocalQueue, RedisQueue, RunQueue
-from ._watch import run_events
+from ._queue_dead import dead_letter_book
+from ._signal_api import waits_loop
+from ._streams import StreamSlots
+from ._supervise import LoopHealth, supervise
+from ._tool_fence import ToolFence
+from ._watch import Watchers
 
-__all__ = ["Draining", "Service", "SubmitOutcome", "UnknownChain"]
+__all__ = ["LOOPS", "Draining", "Service", "SubmitOutcome", "UnknownChain"]
 
 log = logging.getLogger("chainrt.serve")
 
-
-class Draining(ChainRTError):
-    """This runner is shutting down: the run stops at a step boundary and is handed over."""
+LOOPS = ("take", "orphans", "maintenance")
+"""The runner's supervised background loops (named in ``/health/ready`` and ``/metrics``)."""
+_SERVED_CACHE_S = 1.0
 
 
 class UnknownChain(ChainRTError):
@@ -95,8 +101,20 @@ class Service:
         self._inflight: dict[str, tuple[Delivery, asyncio.Task[None]]] = {}
         self._slot_freed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._reserved = 0  # slots the take loop holds while it reads (the orphan loop waits)
+        self.loops = {name: LoopHealth(name) for name in LOOPS}
+        self.dead_lettered = 0
+        """Entries this runner moved to the dead letters."""
+        self._served: tuple[float, set[str] | None] = (float("-inf"), None)
+        self._handler = EntryHandler(self)
         self._publisher: Any = None
+        self.tool_fence: ToolFence | None = None
+        """On Redis: the fleet-wide fence of cancelled runs' abandoned sync tools."""
         self.feed = RunsFeed(None)  # the runs list, live (its store is set in start())
+        self.loops["feed"] = self.feed.health  # supervised too, named in /health/ready
+        self.loops["waits"] = LoopHealth("waits")  # waiting runs whose timeout passed (_signal_api)
+        self.watchers = Watchers()  # runs' event streams and ?wait= (started in start())
+        self.streams = StreamSlots(config.max_streams)  # the cap on open event streams
         self.started_at = time.time()
 
     # ------------------------------------------------------------------ lifetime
@@ -109,19 +127,36 @@ class Service:
             from .._bus import EventPublisher
 
             self.queue = RedisQueue(
-                self.runtime.store.raw_url, self.consumer, orphan_idle_s=self.config.orphan_idle_s
+                self.runtime.store.raw_url,
+                self.consumer,
+                orphan_idle_s=self.config.orphan_idle_s,
+                chains=sorted(self.chains),
+                max_deliveries=self.config.max_deliveries,
             )
             self._publisher = EventPublisher(self.runtime.store.raw_url)
+            self.tool_fence = ToolFence(self.runtime.store.raw_url, self.runtime.runner.lease_ttl_s)
             self.runtime.event_sinks.append(self._publisher.publish)
             self.feed.bus_url = self.runtime.store.raw_url
         else:
+            # Dead letters in the SQLite file: a restarted runner still shows them.
+            letters = dead_letter_book(self.runtime.store.raw_url)
+            self.queue = LocalQueue(retry_after_s=self.config.orphan_idle_s, letters=letters)
+            self.queue.max_deliveries = self.config.max_deliveries
             await self._recover_local()
         self.feed.store = self.runtime.store
         self.runtime.event_sinks.append(self.feed.observe)
+        await self.watchers.start(self.runtime, self.runtime.store.raw_url if self.redis else None)
+        bodies = {
+            "take": self._take_loop,
+            "orphans": self._orphan_loop,
+            "maintenance": self._maintenance_loop,
+        }
         self._tasks = [
-            asyncio.ensure_future(self._take_loop()),
-            asyncio.ensure_future(self._maintenance_loop()),
+            asyncio.ensure_future(supervise(self.loops[name], body))
+            for name, body in bodies.items()
         ]
+        waits = functools.partial(waits_loop, self)
+        self._tasks.append(asyncio.ensure_future(supervise(self.loops["waits"], waits)))
 
     @property
     def redis(self) -> bool:
@@ -145,28 +180,21 @@ class Service:
                     await task
         if self._publisher is not None:
             await self._publisher.close()
+        if self.tool_fence is not None:
+            await self.tool_fence.close()
+        await self.watchers.close()
         with contextlib.suppress(Exception):
             await self.queue.close()
         await self.runtime.aclose()
 
     def load_chains(self) -> None:
-        """Load every chain file under the chains directory (files that are no chain, such as a
-        pool file, are skipped and named in ``chain_errors``)."""
+        """Load every chain file under the chains directory. Files that are no chain (such as a
+        pool file) are skipped, logged and named in ``chain_errors``; two files with the same
+        chain name are refused (SpecError naming both)."""
         root = Path(self.config.chains)
-        chains: dict[str, Chain] = {}
-        errors: list[str] = []
-        files = sorted([*root.glob("*.yaml"), *root.glob("*.yml")]) if root.is_dir() else []
-        for path in files:
-            try:
-                loaded = load_spec(path)
-            except SpecError as exc:
-                errors.append(str(exc).splitlines()[0])
-                continue
-            chains[loaded.spec.name] = Chain(
-                loaded.spec, source_dir=loaded.source_dir, path=loaded.path
-            )
-        self.chains, self.chain_errors = chains, errors
-        log.info("serving chains %s from %s", ", ".join(sorted(chains)) or "(none)", root)
+        self.chains, self.chain_errors = load_chain_dir(root)
+        for error in self.chain_errors:
+            log.warning("chain file skipped: %s", error)
 
     async def ready(self) -> tuple[bool, str]:
         """Readiness: the store answers and chains are loaded."""
@@ -174,6 +202,9 @@ class Service:
             return False, "draining"
         if not self.chains:
             return False, f"no chains loaded from {self.config.chains}"
+        down = [health.describe() for health in self.loops.values() if not health.up]
+        if down:
+            return False, "; ".join(down)
         try:
             await self.runtime.store.list_runs(limit=1)
         except ChainRTError as exc:
@@ -229,29 +260,77 @@ class Service:
             if existing.status == "queued":
                 # The first submit may have died between the record and the entry: queue it
                 # again (a second entry is harmless: only one claim of the run can succeed).
-                await self.queue.put(Entry(existing.run_id), request.priority)
+                await self.queue.put(Entry(existing.run_id, chain=chain.name), request.priority)
             return SubmitOutcome("existing", existing)
-        await self.queue.put(Entry(record.run_id), request.priority)
+        await self._queue_new(record, request)
         self._changed(record.run_id, "queued")
         return SubmitOutcome("created", record)
 
+    async def _queue_new(self, record: RunRecord, request: SubmitRequest) -> None:
+        """Add the entry of a run just recorded. When Redis refuses (a dropped connection), it
+        is sent again once; when that fails too, the run is marked failed (not left ``queued``
+        with no entry) and StoreUnavailable says so (a 503)."""
+        entry = Entry(record.run_id, chain=record.chain)
+        try:
+            await self.queue.put(entry, request.priority)
+            return
+        except Exception as exc:
+            first = exc
+        await asyncio.sleep(0.1)
+        try:
+            await self.queue.put(entry, request.priority)
+            return
+        except Exception as exc:
+            first = exc
+        reason = f"the run was recorded but could not be queued ({type(first).__name__}: {first})"
+        with contextlib.suppress(Exception):
+            await self._handler.mark_failed(record.run_id, reason)
+        raise StoreUnavailable(f"{reason}; it was marked failed: submit it again") from None
+
     async def result(self, run_id: str, wait_s: float = 0.0) -> RunResult:
-        """The run as ``--json`` shows it; with ``wait_s``, once final or when the wait ends."""
+        """The run as ``--json`` shows it; with ``wait_s``, once final or when the wait ends
+        (woken by the run's final event, not by polling)."""
         store = self.runtime.store
-        deadline = time.monotonic() + wait_s
-        pause = 0.02
-        while True:
+        steps = None
+        if wait_s > 0:
+            record, steps = await self.watchers.wait_final(run_id, wait_s)
+        else:
             record = await store.get_run(run_id)
-            if record.finished or time.monotonic() >= deadline:
-                return RunResult.from_records(record, await store.get_steps(run_id))
-            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.2)
+        if steps is None:
+            steps = await store.get_steps(run_id)
+        return RunResult.from_records(record, steps)
 
     async def cancel(self, run_id: str) -> RunResult:
-        """Cancel a run (queued: it never starts; running: it stops within a second)."""
+        """Cancel a run (queued: it never starts; running: it stops within a second). A run
+        with an owner is fenced first (``_tool_fence``): its resume waits for the tools its
+        owner abandons."""
+        if self.tool_fence is not None:
+            record = await self.runtime.store.get_run(run_id)
+            if record.status == "running" and record.owner is not None:
+                await self.tool_fence.pending(run_id)
         result = await self.runtime.cancel(run_id)
         self._changed(run_id, None)
         return result
+
+    async def served_chains(self) -> set[str] | None:
+        """The chains some live runner of the fleet serves (read at most once a second);
+        None with the in-process queue (this runner is the fleet)."""
+        at, served = self._served
+        if time.monotonic() - at >= _SERVED_CACHE_S:
+            served = await self.queue.served()
+            self._served = (time.monotonic(), served)
+        return served
+
+    async def waiting_reason(self, chain: str) -> str | None:
+        """Why a queued run of ``chain`` may wait for ever: no live runner serves its chain
+        (None when some does, or when that cannot be known now)."""
+        try:
+            served = await self.served_chains()
+        except Exception:
+            return None
+        if served is None or chain in served:
+            return None
+        return f"no live runner serves chain {chain!r}"
 
     def _changed(self, run_id: str, status: str | None) -> None:
         """Tell the runs list here and (through Redis) on the other runners."""
@@ -265,12 +344,13 @@ class Service:
         if record.status == "completed":
             raise CheckpointError(f"run {run_id} has completed; there is nothing to resume")
         budget_ms = None if budget is None else parse_duration_ms(budget, what="budget")
-        await self.queue.put(Entry(run_id, "resume", budget_ms), "high")
+        await self.queue.put(Entry(run_id, "resume", budget_ms, record.chain), "high")
         return record
 
     def events(self, run_id: str) -> AsyncIterator[RunEvent]:
-        """The run's recorded history, then its live events, ending after ``run_finished``."""
-        return run_events(self.runtime, run_id, redis=self.redis)
+        """The run's recorded history, the events of its step in flight, then its live events,
+        ending after ``run_finished``."""
+        return self.watchers.run_events(run_id)
 
     # ------------------------------------------------------------------ the runner's loops
 
@@ -278,33 +358,42 @@ class Service:
         """Runs this runner executes now."""
         return len(self._inflight)
 
+    def _free(self) -> int:
+        return self.config.max_runs - len(self._inflight) - self._reserved
+
     async def _take_loop(self) -> None:
-        """Fill free slots: orphans first (once per touch interval), then the queue."""
-        next_orphans = 0.0
+        """Fill free slots from the queue (critical first). Supervised: see ``_supervise``."""
+        health = self.loops["take"]
         while not self.draining:  # (a second guard besides the cancel of stop())
-            free = self.config.max_runs - len(self._inflight)
-            if free <= 0:
+            if self._free() <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
+            self._reserved += 1  # the orphan loop leaves this slot to the read under way
             try:
-                if time.monotonic() >= next_orphans:
-                    next_orphans = time.monotonic() + self.config.touch_every_s
-                    for orphan in await self.queue.orphans(free):
-                        self._spawn(orphan)
-                    continue
-                wait_s = max(0.05, next_orphans - time.monotonic())
-                delivery = await self.queue.take(wait_s=wait_s)
-            except (ChainRTError, OSError, ConnectionError) as exc:
-                log.warning("queue read failed (%s); retrying", exc)
-                await asyncio.sleep(0.5)
-                continue
+                delivery = await self.queue.take(wait_s=self.config.touch_every_s)
+            finally:
+                self._reserved -= 1
+            health.ok()
             if delivery is not None:
                 self._spawn(delivery)
 
+    async def _orphan_loop(self) -> None:
+        """Claim orphaned entries into free slots, once per touch interval."""
+        health = self.loops["orphans"]
+        while not self.draining:
+            free = self._free()
+            if free > 0:
+                for orphan in await self.queue.orphans(free):
+                    self._spawn(orphan)
+            health.ok()
+            await asyncio.sleep(self.config.touch_every_s)
+
     def _spawn(self, delivery: Delivery) -> None:
-        key = f"{delivery.priority}:{delivery.entry_id}"
-        task = asyncio.ensure_future(self._handle(delivery))
+        key = f"{delivery.stream}:{delivery.priority}:{delivery.entry_id}"
+        if key in self._inflight:
+            return  # claimed again while this runner still works on it
+        task = asyncio.ensure_future(self._handler.handle(delivery))
         self._inflight[key] = (delivery, task)
 
         def done(_: asyncio.Task[None]) -> None:
@@ -314,13 +403,15 @@ class Service:
         task.add_done_callback(done)
 
     async def _maintenance_loop(self) -> None:
-        """Touch the entries of the runs in flight, so that nobody takes them for orphans."""
+        """Touch the entries of the runs in flight, so that nobody takes them for orphans, and
+        tell the fleet which chains this runner serves."""
+        health = self.loops["maintenance"]
+        ttl_s = max(5.0, 5 * self.config.touch_every_s)
         while not self.draining:
+            await self.queue.touch([d for d, _ in self._inflight.values()])
+            await self.queue.announce(sorted(self.chains), ttl_s)
+            health.ok()
             await asyncio.sleep(self.config.touch_every_s)
-            try:
-                await self.queue.touch([d for d, _ in self._inflight.values()])
-            except Exception as exc:  # Redis down a moment: the next round tries again
-                log.warning("touching queue entries failed: %s: %s", type(exc).__name__, exc)
 
     async def _recover_local(self) -> None:
         """SQLite: the in-process queue died with the last process; queued runs and runs whose
@@ -332,69 +423,7 @@ class Service:
                     state = owner_state(record.owner, now=time.time(), host=this_host())
                     if not state.gone:
                         continue
-                await self.queue.put(Entry(record.run_id), "normal")
-
-    async def _handle(self, delivery: Delivery) -> None:
-        """Start, take over or resume the entry's run; acknowledge the entry when it is final."""
-        entry = delivery.entry
-        if entry is None:
-            log.warning("dropping a malformed queue entry %s", delivery.entry_id)
-            await self.queue.ack(delivery)
-            return
-        store = self.runtime.store
-        try:
-            record = await store.get_run(entry.run_id)
-        except RunNotFound:
-            log.warning("queue entry for unknown run %s dropped", entry.run_id)
-            await self.queue.ack(delivery)
-            return
-        resume = entry.op == "resume" and record.status != "completed"
-        if record.finished and not resume:
-            await self.queue.ack(delivery)  # done already (or cancelled while queued)
-            return
-        if record.status == "running":
-            record = await self._outlive_lease(record)
-            if record.finished and not resume:
-                await self.queue.ack(delivery)  # it ended (or was cancelled) meanwhile
-                return
-            state = owner_state(record.owner, now=time.time(), host=this_host())
-            if record.status == "running" and not state.gone:
-                return  # its owner lives: leave the entry; it is looked at again if orphaned
-        if entry.run_id in self.runtime.active():
-            return
-        try:
-            await self.runtime.resume(entry.run_id, budget=entry.budget_ms, wait=False)
-        except (Draining, asyncio.CancelledError):
-            # Stopped at a step boundary (or cut when the drain ended): the runner gave the
-            # lease back; the entry goes back for another runner.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.queue.hand_back(delivery))
-            return
-        except (RunLocked, FencedOut):
-            return  # someone else owns it now; their entry (or this one, later) finishes it
-        except StoreUnavailable as exc:
-            log.warning("run %s: store unavailable (%s); left for a takeover", entry.run_id, exc)
-            return
-        except (InputError, ChainRTError) as exc:
-            log.warning("run %s could not run: %s", entry.run_id, exc)
-        await self.queue.ack(delivery)
-
-    async def _outlive_lease(self, record: RunRecord) -> RunRecord:
-        """Wait out the lease of a running run's owner on another host, if it ends within one
-        lease TTL, and return the run's record read again.
-
-        Such an owner's pid cannot be checked, so its run is taken over only once its lease
-        expires; leaving the entry until the next orphan scan (``orphan_idle_s`` later, as the
-        take reset its idle time) would add up to that much to the takeover. The entry is in
-        flight meanwhile, so this runner touches it and no other takes it."""
-        owner = record.owner
-        if owner is None or owner.host == this_host():
-            return record  # no owner, or one whose pid this host can check
-        left_s = owner.expires_at - time.time()
-        if not 0 < left_s <= self.runtime.runner.lease_ttl_s or self.draining:
-            return record
-        await asyncio.sleep(left_s + 0.05)
-        return await self.runtime.store.get_run(record.run_id)
+                await self.queue.put(Entry(record.run_id, chain=record.chain), "normal")
 
 
 async def _end(tasks: list[asyncio.Task[None]]) -> None:

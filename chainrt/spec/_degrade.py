@@ -1,4 +1,4 @@
-"""``degrade:`` on an llm step: what answers when its models could not (DESIGN §7, issue 17).
+"""``degrade:`` on an llm step: what answers when its models could not (docs/dispatch.md, issue 17).
 
     degrade: [cache, {model: local}, {static: "Sorry, try again later (run {{ run.id }})."}]
     degrade: [{cache: 10m}]        # cache entries live 10 minutes (default 1h)

@@ -43,5 +43,5 @@ def spec_dump(spec: ChainSpec) -> dict[str, Any]:
 
 def spec_json(spec: ChainSpec) -> bytes:
     """:func:`spec_dump` serialised as a record's ``dict[str, Any]`` field serialises it (the
-    bytes :meth:`~chainrt.store._records.RunRecord.attach_spec_json` takes), cached likewise."""
+    bytes :meth:`~chainrt._records.RunRecord.attach_spec_json` takes), cached likewise."""
     return _jsons.get(spec)

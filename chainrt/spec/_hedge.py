@@ -1,4 +1,4 @@
-"""``hedge:`` on an llm step: a second attempt when the first is slow (DESIGN §7).
+"""``hedge:`` on an llm step: a second attempt when the first is slow (docs/dispatch.md).
 
 ``hedge: {after: p95}`` starts a second attempt on another endpoint of the same model when the
 first has not answered after its endpoint's recent 95th percentile; ``p50``, ``p90`` and ``p99``

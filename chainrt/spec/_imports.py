@@ -13,11 +13,14 @@ A tool must moreover be defined where the reference points: ``tools.py:run`` is 
 every function it imports.
 
 :func:`check_reference` validates a reference at load time without executing user code;
+:func:`definition_problem` reads a tool file's syntax tree (still executing nothing) to see that
+the name a reference points at is defined there (``chainrt validate``);
 :func:`resolve_callable` / :func:`resolve_object` import it at run time.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
@@ -36,6 +39,7 @@ from .._errors import SpecError, ToolError
 
 __all__ = [
     "check_reference",
+    "definition_problem",
     "is_file_reference",
     "parse_allowed_modules",
     "resolve_callable",
@@ -143,6 +147,113 @@ def reference_problem(ref: str, chain_dir: Path, allowed: Sequence[str]) -> str 
     except ValueError as exc:
         return str(exc)
     return None
+
+
+MAX_TOOL_FILE_BYTES = 4 * 1024 * 1024
+"""Largest tool file :func:`definition_problem` reads (a bigger one is left to run time)."""
+_DYNAMIC_CALLS = frozenset({"globals", "exec", "setattr", "vars", "__import__"})
+"""Calls through which a module can bind names its syntax does not show."""
+
+
+def definition_problem(ref: str, chain_dir: Path) -> str | None:
+    """For a ``file.py:name`` reference: what is wrong with the name, read from the file's syntax.
+
+    The file is parsed, never executed (``chainrt validate`` runs no code). ``None`` when the
+    name is bound at the file's top level (``def``, ``class``, an assignment, an import), when
+    the file may bind names dynamically (``from x import *``, a module ``__getattr__``,
+    ``globals()``, ``exec``), or when the reference is not a readable file reference (which
+    :func:`reference_problem` reports). A syntax error is reported with its line.
+    """
+    from .._files import FileRefused, read_bounded
+
+    try:
+        parsed = _parse(ref)
+        if not parsed.is_file:
+            return None
+        path = _file_in_dir(parsed, chain_dir)
+        source = read_bounded(path, MAX_TOOL_FILE_BYTES)
+    except (ValueError, FileRefused):
+        return None
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        return f"{ref!r}: syntax error in {parsed.target} line {exc.lineno}: {exc.msg}"
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
+        return f"{ref!r}: {parsed.target} cannot be parsed as Python: {exc}"
+    names, dynamic = _top_level_names(tree)
+    if parsed.attr in names or dynamic:
+        return None
+    shown = sorted(n for n in names if not n.startswith("_"))
+    listed = ", ".join(shown[:20]) + (", ..." if len(shown) > 20 else "")
+    return (
+        f"{ref!r}: {parsed.target} defines no {parsed.attr!r} "
+        f"(it defines: {listed or 'nothing public'})"
+    )
+
+
+def _top_level_names(tree: ast.Module) -> tuple[set[str], bool]:
+    """Names a module binds at its top level (inside ``if``/``try``/``with`` blocks too), and
+    whether it may bind others at run time."""
+    names: set[str] = set()
+    dynamic = False
+
+    def bind(target: ast.AST) -> None:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+
+    def visit(body: list[ast.stmt]) -> None:
+        nonlocal dynamic
+        for stmt in body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(stmt.name)
+            elif isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    bind(target)
+            elif isinstance(stmt, ast.AnnAssign | ast.AugAssign):
+                bind(stmt.target)
+            elif isinstance(stmt, ast.Import | ast.ImportFrom):
+                for alias in stmt.names:
+                    if alias.name == "*":
+                        dynamic = True
+                    else:
+                        names.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(stmt, ast.For | ast.AsyncFor):
+                bind(stmt.target)
+            elif isinstance(stmt, ast.With | ast.AsyncWith):
+                for item in stmt.items:
+                    if item.optional_vars is not None:
+                        bind(item.optional_vars)
+            for child in ast.iter_child_nodes(stmt):
+                if isinstance(child, ast.NamedExpr):
+                    bind(child.target)
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(stmt, field, None)
+                if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    break  # their bodies are not the module's top level
+                if isinstance(block, list):
+                    visit(block)
+            for handler in getattr(stmt, "handlers", ()):
+                if handler.name:
+                    names.add(handler.name)
+                visit(handler.body)
+            if isinstance(stmt, ast.Match):
+                for case in stmt.cases:
+                    visit(case.body)
+
+    visit(tree.body)
+    names.discard("*")
+    if "__getattr__" in names:
+        dynamic = True
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _DYNAMIC_CALLS
+        ):
+            dynamic = True
+            break
+    return names, dynamic
 
 
 def _module_name(path: Path) -> str:

@@ -24,10 +24,25 @@ from pydantic import BaseModel, ValidationError
 
 from .._errors import SpecError, TemplateError
 from .._settings import get_settings
+from ._flow import has_flow
+from ._flow_check import (
+    CONDITION_ROOT,
+    ITEM_ROOTS,
+    MODEL_FIELDS,
+    Scope,
+    branch_problems,
+    duplicate_loc,
+    flow_fields,
+    flow_maps,
+    nesting_problems,
+    step_fields,
+    walk_locs,
+)
 from ._imports import parse_allowed_modules, reference_problem
 from ._models import ChainSpec
 from ._roots import add_chain_root
 from ._template import PathKey, Template, compile_template, format_path, walk_strings
+from ._wait import wait_placement_problems
 from ._yaml import LinePath, YamlDocument, parse_yaml, read_yaml
 
 __all__ = [
@@ -153,13 +168,8 @@ def _pydantic_message(error: Mapping[str, Any], loc: LinePath) -> str:
 
 def _locate_root(message: str, data: Mapping[str, Any]) -> LinePath:
     """Point a whole-chain error (a duplicate step id) at the step that repeats."""
-    if "duplicate step id" in message and isinstance(data.get("steps"), list):
-        seen: set[object] = set()
-        for index, step in enumerate(data["steps"]):
-            step_id = step.get("id") if isinstance(step, Mapping) else None
-            if isinstance(step_id, str) and step_id in seen:
-                return ("steps", index, "id")
-            seen.add(step_id)
+    if "duplicate step id" in message:
+        return duplicate_loc(data)
     return ()
 
 
@@ -184,23 +194,7 @@ _OUTPUT_ROOTS = ("input", "steps", "run_id")
 _STEP_FIELDS = ("id", "model", "weight")
 
 
-@dataclass(frozen=True)
-class _Scope:
-    """What a template in one field may read.
-
-    ``order`` (step id -> position) is one dict shared by every field of a chain, so building a
-    step's scope costs the same in a chain of 10 steps as in one of 10,000.
-    """
-
-    roots: tuple[str, ...]
-    step_id: str | None  # the step the field belongs to; None for chain-level fields
-    before: int  # steps at positions below this have run when the field is rendered
-    order: Mapping[str, int]
-
-    def visible(self, step: str) -> bool:
-        """True when step ``step``'s output exists when the field is rendered."""
-        position = self.order.get(step)
-        return position is not None and position < self.before
+_Scope = Scope
 
 
 _CHAIN_KEY = _Scope(("input", "run_id"), None, 0, {})
@@ -224,13 +218,37 @@ def _steps_problem(ref: tuple[PathKey, ...], scope: _Scope) -> str | None:
     if not scope.visible(step):
         if step == scope.step_id:
             return f"step {step!r} cannot read its own output"
+        group = scope.inner_of.get(step) if scope.inner_of is not None else None
+        if group is not None and group != step:
+            return (
+                f"step {step!r} may not have run here: it is inside group {group!r} "
+                f"(read steps.{group}.output)"
+            )
         if step in scope.order and scope.step_id is not None:
             return f"no step {step!r} before step {scope.step_id!r} (steps run in order)"
         known = ", ".join(itertools.islice(scope.order, 20)) or "none"
         where = f" before step {scope.step_id!r}" if scope.step_id else ""
         return f"no step {step!r}{where} (steps: {known})"
+    group_step = scope.groups.get(step) if scope.groups is not None else None
+    if group_step is not None:
+        return _group_problem(ref, group_step)
     if len(ref) < 3 or ref[2] != "output":
         return f"a step exposes only its output: write steps.{step}.output"
+    return None
+
+
+def _group_problem(ref: tuple[PathKey, ...], group: Any) -> str | None:
+    """``steps.<switch>.branch``, and ``steps.<parallel>.output.<branch>`` with a real branch."""
+    step = ref[1]
+    if group.switch is not None and len(ref) == 3 and ref[2] == "branch":
+        return None
+    if len(ref) < 3 or ref[2] != "output":
+        also = f" (or steps.{step}.branch)" if group.switch is not None else ""
+        return f"a step exposes only its output: write steps.{step}.output{also}"
+    branch = ref[3] if len(ref) > 3 else None
+    if group.parallel is not None and isinstance(branch, str) and branch not in group.parallel:
+        names = ", ".join(group.parallel)
+        return f"group {step!r} has no branch {branch!r} (branches: {names})"
     return None
 
 
@@ -251,6 +269,10 @@ def _check_references(template: Template, scope: _Scope, inputs: Mapping[str, st
             problem = _steps_problem(ref, scope)
         elif root == "run_id" and len(ref) > 1:
             problem = "run_id is a string; it has no fields"
+        elif root == CONDITION_ROOT and (len(ref) != 3 or ref[2] not in MODEL_FIELDS):
+            problem = f"write models.<name>.{', .'.join(MODEL_FIELDS)}"
+        elif root == ITEM_ROOTS[1] and len(ref) > 1:
+            problem = "index is a number; it has no fields"
         elif root == "step" and len(ref) > 1 and (ref[1] not in _STEP_FIELDS or len(ref) > 2):
             problem = f"step has only {', '.join(_STEP_FIELDS)}"
         if problem is not None:
@@ -263,24 +285,17 @@ def _template_fields(spec: ChainSpec) -> Iterable[tuple[LinePath, Any, _Scope]]:
     for index, key in enumerate(spec.concurrency):
         yield ("concurrency", index, "key"), key.key, _CHAIN_KEY
     order = {step.id: index for index, step in enumerate(spec.steps)}
-    for index, step in enumerate(spec.steps):
-        scope = _Scope(_STEP_ROOTS, step.id, index, order)
-        base: LinePath = ("steps", index)
-        if step.llm is not None:
-            llm = step.llm
-            for name in ("prompt", "system"):
-                yield (*base, "llm", name), getattr(llm, name), scope
-            for j, message in enumerate(llm.messages or ()):
-                yield (*base, "llm", "messages", j, "content"), message.content, scope
-        yield (*base, "args"), step.args, scope
-        yield (*base, "input"), step.input, scope
-        yield (*base, "static_answer"), step.static_answer, scope
-        for j, key in enumerate(step.concurrency):
-            yield (*base, "concurrency", j, "key"), key.key, scope
+    if has_flow(spec.steps):
+        yield from flow_fields(spec.steps, _STEP_ROOTS)
+    else:
+        for index, step in enumerate(spec.steps):
+            scope = _Scope(_STEP_ROOTS, step.id, index, order)
+            yield from step_fields(step, ("steps", index), scope)
+    inner_of, groups = flow_maps(spec.steps) if has_flow(spec.steps) else (None, None)
     yield (
         ("output",),
         spec.output,
-        _Scope(_OUTPUT_ROOTS, None, len(order), order),
+        _Scope(_OUTPUT_ROOTS, None, len(order), order, (), inner_of, groups),
     )
 
 
@@ -296,7 +311,10 @@ def _check_templates(
             except TemplateError as exc:
                 problems.append(_Problem(loc, exc.message, doc.line(loc) if doc else None))
                 continue
-            for message in _check_references(template, scope, spec.inputs):
+            messages = _check_references(template, scope, spec.inputs)
+            if scope.groups:
+                messages += branch_problems(template, scope.groups)
+            for message in messages:
                 problems.append(_Problem(loc, message, doc.line(loc) if doc else None))
     return problems
 
@@ -306,16 +324,21 @@ def _check_imports(
 ) -> list[_Problem]:
     problems = []
     checked: dict[str, str | None] = {}  # a chain often names one tool file many times
-    for index, step in enumerate(spec.steps):
-        for kind in ("tool", "runnable"):
-            ref = getattr(step, kind)
+    for step, base, _ in walk_locs(spec.steps):
+        refs: list[tuple[LinePath, str | None]] = [(("tool",), step.tool)]
+        refs.append((("runnable",), step.runnable))
+        if step.agent is not None:  # an agent's tools: agent.tools[j].tool
+            refs += [
+                (("agent", "tools", j, "tool"), t.tool) for j, t in enumerate(step.agent.tools)
+            ]
+        for where, ref in refs:
             if ref is None:
                 continue
             if ref not in checked:
                 checked[ref] = reference_problem(ref, source_dir, allowed)
             problem = checked[ref]
             if problem is not None:
-                loc = ("steps", index, kind)
+                loc = (*base, *where)
                 problems.append(_Problem(loc, problem, doc.line(loc) if doc else None))
     return problems
 
@@ -337,7 +360,11 @@ def _validate(
     except (RecursionError, TypeError, ValueError) as exc:
         # Not expected from pydantic, but a malformed dict must still end as a SpecError.
         raise SpecError(f"cannot validate: {_one_line(str(exc))}", file=file) from None
-    problems = _check_templates(spec, data, doc)
+    problems = [
+        _Problem(loc, message, doc.line(loc) if doc else None)
+        for loc, message in (*nesting_problems(spec.steps), *wait_placement_problems(spec.steps))
+    ]
+    problems += _check_templates(spec, data, doc)
     if source_dir is not None:
         if allowed is None:
             allowed = parse_allowed_modules(get_settings().allowed_modules)
@@ -419,7 +446,8 @@ def chain_json_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "chainrt chain",
-        "description": "A chainrt chain file (DESIGN §2): budget, inputs, concurrency keys, "
-        "weighted steps (llm | tool | runnable) and output. Templates are written {{ expr }}.",
+        "description": "A chainrt chain file (docs/chain-format.md): budget, inputs, concurrency keys, "
+        "weighted steps (llm | tool | runnable, and the groups switch | parallel | map) and "
+        "output. Templates are written {{ expr }}.",
         **schema,
     }

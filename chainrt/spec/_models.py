@@ -1,4 +1,4 @@
-"""The chain format (DESIGN §2) as pydantic models: the single source of truth for its schema.
+"""The chain format (docs/chain-format.md) as pydantic models: the single source of truth for its schema.
 
 Durations are kept as milliseconds (floats) in memory and serialised back as ``"<n>ms"`` so that a
 normalised spec (``ChainSpec.model_dump(mode="json")``) loads again unchanged: resume needs no
@@ -17,8 +17,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -27,8 +29,10 @@ from .._errors import BudgetError
 from .._jsonschema import check_schema
 from .._strict import Strict as _Strict
 from ._degrade import DegradeAction
+from ._flow import BRANCH_NAME, DEFAULT_BRANCH, FLOW_KEYS, Join, walk_steps
 from ._hedge import HedgeSpec
 from ._verify import VerifySpec
+from ._wait import WaitSpec
 
 __all__ = [
     "INPUT_TYPES",
@@ -213,6 +217,9 @@ class StepSpec(_Strict):
     max: DurationMs | None = Field(default=None, description="Most time the step may get.")
     optional: bool = Field(default=False, description="May be skipped when the budget runs short.")
     llm: LlmSpec | None = None
+    agent: AgentSpec | None = Field(
+        default=None, description="A model calling tools in a loop until it answers."
+    )
     tool: str | None = Field(default=None, description="'file.py:function' or 'module:function'.")
     runnable: str | None = Field(default=None, description="'file.py:attr' or 'module:attr'.")
     args: dict[str, Any] = Field(
@@ -244,6 +251,60 @@ class StepSpec(_Strict):
         max_length=8,
         description="Tried in order when the step's models all failed: cache, model, static.",
     )
+    when: str | None = Field(
+        default=None,
+        description="Run the step only when this template is truthy (JSON truthiness); "
+        "else it is skipped and its weight goes to the steps after it.",
+    )
+    switch: str | None = Field(
+        default=None, description="A group: the template whose value picks one of `cases`."
+    )
+    cases: dict[str, list[StepSpec]] | None = Field(
+        default=None, description="switch: value -> the steps of that branch."
+    )
+    default: list[StepSpec] | None = Field(
+        default=None, description="switch: the branch taken when no case matches."
+    )
+    parallel: dict[str, list[StepSpec]] | None = Field(
+        default=None, description="A group: branch name -> its steps; the branches run at once."
+    )
+    join: Join = Field(
+        default="all",
+        description="parallel: wait for all branches, the first (any), or {quorum: N}.",
+    )
+    map: str | None = Field(
+        default=None,
+        description="A group: a template giving a list; `steps` run once per item "
+        "({{ item }}, {{ index }}).",
+    )
+    steps: list[StepSpec] | None = Field(
+        default=None, description="map: the steps run for each item."
+    )
+    max_concurrency: int = Field(
+        default=8, ge=1, le=10_000, description="map: items run at once (one wave)."
+    )
+    wait: WaitSpec | None = Field(
+        default=None,
+        description="A wait: the run parks until this signal comes (its payload is the step's "
+        "output).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset_flow(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A straight chain's stored spec (a part of every run record) stays as it was.
+        data = handler(self)
+        if isinstance(data, dict) and self.agent is None:
+            data.pop("agent", None)
+        if isinstance(data, dict) and self.switch is None and self.parallel is None:
+            if self.map is None:
+                for key in FLOW_KEYS:
+                    if key != "when" and key in data:
+                        del data[key]
+            if self.when is None:
+                data.pop("when", None)
+        if isinstance(data, dict) and self.wait is None:
+            data.pop("wait", None)
+        return data
 
     @field_validator("id")
     @classmethod
@@ -254,14 +315,24 @@ class StepSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> StepSpec:
-        kinds = [k for k in ("llm", "tool", "runnable") if getattr(self, k) is not None]
+        kinds = [k for k in _KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
             found = ", ".join(kinds) or "none"
-            raise ValueError(f"a step needs exactly one of llm, tool, runnable (found: {found})")
+            raise ValueError(
+                "a step needs exactly one of llm, agent, tool, runnable, switch, parallel, map, wait "
+                f"(found: {found})"
+            )
+        self._check_flow()
+        if self.wait is not None and (self.concurrency or self.retry != RetrySpec()):
+            raise ValueError("concurrency and retry do not apply to wait steps")
+        if self.wait is not None and self.attempt_timeout is not None:
+            raise ValueError("a wait step's time limit is `wait.timeout`, not attempt_timeout")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min ({self.min:g}ms) is larger than max ({self.max:g}ms)")
-        if self.llm is None and (self.fallbacks or self.static_answer is not None):
-            raise ValueError("fallbacks and static_answer apply to llm steps only")
+        if self.llm is None and self.agent is None and self.fallbacks:
+            raise ValueError("fallbacks apply to llm and agent steps only")
+        if self.llm is None and self.static_answer is not None:
+            raise ValueError("static_answer applies to llm steps only")
         if self.llm is None and (self.verify is not None or self.degrade):
             raise ValueError("verify and degrade apply to llm steps only")
         if self.tool is None and self.args:
@@ -270,12 +341,76 @@ class StepSpec(_Strict):
             raise ValueError("input applies to runnable steps only")
         return self
 
+    def _check_flow(self) -> None:
+        """The fields of one group kind appear with it only, and its branches are well named."""
+        if self.switch is None and (self.cases is not None or self.default is not None):
+            raise ValueError("cases and default apply to switch steps only")
+        if self.switch is not None:
+            if not self.cases:
+                raise ValueError("a switch needs at least one case under `cases`")
+            for name, branch in self.cases.items():
+                _check_branch("case", name, branch)
+                if name == DEFAULT_BRANCH:
+                    raise ValueError("a case may not be called 'default' (use `default:`)")
+            if self.default is not None and not self.default:
+                raise ValueError("`default` needs at least one step")
+        if self.parallel is None and self.join != "all":
+            raise ValueError("join applies to parallel steps only")
+        if self.parallel is not None:
+            if not self.parallel:
+                raise ValueError("parallel needs at least one branch")
+            for name, branch in self.parallel.items():
+                _check_branch("branch", name, branch)
+            if not isinstance(self.join, str) and self.join.quorum > len(self.parallel):
+                raise ValueError(
+                    f"join quorum {self.join.quorum} is more than the {len(self.parallel)} branches"
+                )
+        if self.map is None and (self.steps is not None or self.max_concurrency != 8):
+            raise ValueError("steps and max_concurrency apply to map steps only")
+        if self.map is not None and not self.steps:
+            raise ValueError("a map needs at least one step under `steps`")
+        if self.is_group:
+            for name in ("args", "input", "fallbacks", "degrade"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies to llm, tool and runnable steps only")
+            if self.attempt_timeout is not None or self.retry != RetrySpec():
+                raise ValueError(
+                    "retry and attempt_timeout apply to the steps inside a group, not the group"
+                )
+
     @property
-    def kind(self) -> Literal["llm", "tool", "runnable"]:
+    def is_group(self) -> bool:
+        """True for a ``switch``, ``parallel`` or ``map`` step."""
+        return self.switch is not None or self.parallel is not None or self.map is not None
+
+    @property
+    def kind(
+        self,
+    ) -> Literal["llm", "agent", "tool", "runnable", "switch", "parallel", "map", "wait"]:
         """Which kind of step this is."""
         if self.llm is not None:
             return "llm"
-        return "tool" if self.tool is not None else "runnable"
+        if self.agent is not None:
+            return "agent"
+        if self.tool is not None:
+            return "tool"
+        if self.runnable is not None:
+            return "runnable"
+        if self.switch is not None:
+            return "switch"
+        if self.wait is not None:
+            return "wait"
+        return "parallel" if self.parallel is not None else "map"
+
+
+_KINDS = ("llm", "agent", "tool", "runnable", "switch", "parallel", "map", "wait")
+
+
+def _check_branch(what: str, name: str, steps: list[StepSpec]) -> None:
+    if not BRANCH_NAME.match(name):
+        raise ValueError(f"{what} name must match [A-Za-z0-9_][A-Za-z0-9_-]*, got {name!r}")
+    if not steps:
+        raise ValueError(f"{what} {name!r} needs at least one step")
 
 
 class ChainSpec(_Strict):
@@ -284,6 +419,13 @@ class ChainSpec(_Strict):
     name: str = Field(description="Chain name, [a-z0-9_-]+.")
     description: str = ""
     budget: DurationMs = Field(description="Total wall-clock budget of one run.")
+    max_tokens_total: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Most tokens (prompt + completion, every attempt) one run may use; an LLM "
+        "call that may not fit is not made, and its step counts as timed out.",
+    )
     inputs: dict[str, str] = Field(
         default_factory=dict, description="Input field -> type (str|int|float|bool|list|dict|any)."
     )
@@ -322,7 +464,7 @@ class ChainSpec(_Strict):
     @model_validator(mode="after")
     def _unique_ids(self) -> ChainSpec:
         seen: set[str] = set()
-        for step in self.steps:
+        for step, _ in walk_steps(self.steps):
             if step.id in seen:
                 raise ValueError(f"duplicate step id {step.id!r}")
             seen.add(step.id)
@@ -334,3 +476,10 @@ class ChainSpec(_Strict):
             if step.id == step_id:
                 return step
         raise KeyError(step_id)
+
+
+# The agent step's models use this module's types (durations, messages, keys): imported last.
+from ._agent import AgentSpec  # noqa: E402
+
+StepSpec.model_rebuild()
+ChainSpec.model_rebuild()

@@ -3,7 +3,8 @@
 Grammar (whitespace is allowed around an expression and around ``|``)::
 
     template := (text | '{{' expr '}}')*
-    expr     := primary ('|' filter)*
+    expr     := cond              (comparisons, in, and/or/not, parentheses: see ._expr)
+    unary    := primary ('|' filter)*
     primary  := path | literal
     path     := IDENT ('.' IDENT | '[' INT ']' | '[' STRING ']')*
     filter   := 'tojson' | 'lower' | 'upper' | 'trim' | 'length' | 'string'
@@ -33,6 +34,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from .._errors import TemplateError
+from ._expr import parse_condition
 from ._filters import FILTER_NAMES, FILTERS, MAX_RENDERED_CHARS, kind, to_json, too_large
 
 __all__ = [
@@ -143,6 +145,10 @@ class _Expr:
         self.literal = literal
         self.filters = tuple(filters)
 
+    def refs(self) -> list[tuple[PathKey, ...]]:
+        """The scope path it reads (none for a literal)."""
+        return [] if self.path is None else [self.path]
+
     def evaluate(self, scope: Mapping[str, Any]) -> Any:
         value = self.literal if self.path is None else _resolve(self.path, scope)
         for name, arg in self.filters:
@@ -180,9 +186,9 @@ class _Parser:
         shown = self.text if len(self.text) <= 60 else self.text[:57] + "..."
         return TemplateError(f"bad template {shown!r}: {problem} at {_where(self.text, at)}")
 
-    def parse(self) -> list[str | _Expr]:
+    def parse(self) -> list[Any]:
         text = self.text
-        parts: list[str | _Expr] = []
+        parts: list[Any] = []
         while True:
             start = text.find("{{", self.pos)
             if start < 0:
@@ -203,8 +209,24 @@ class _Parser:
     def peek(self) -> str:
         return self.text[self.pos] if self.pos < len(self.text) else ""
 
-    def expression(self, opened_at: int) -> _Expr:
+    def expression(self, opened_at: int) -> Any:
         self.skip_space()
+        begin = self.pos
+        if self.pos >= len(self.text):
+            raise self.fail("'{{' is never closed", opened_at)
+        node = parse_condition(self)
+        self.skip_space()
+        if not self.text.startswith("}}", self.pos):
+            if self.pos >= len(self.text):
+                raise self.fail("'{{' is never closed", opened_at)
+            raise self.fail(f"unexpected {self.peek()!r}")
+        if not isinstance(node, _Expr):
+            node.text = self.text[begin : self.pos].strip()
+        self.pos += 2
+        return node
+
+    def unary(self) -> _Expr:
+        """A path or a literal, and its filters."""
         begin = self.pos
         path: tuple[PathKey, ...] | None = None
         literal: Any = None
@@ -215,27 +237,25 @@ class _Parser:
                 literal = {"true": True, "false": False, "null": None}[name]
             else:
                 path = self.path_rest(name)
-        elif char:
+        elif char and not self.text.startswith("}}", self.pos):
             literal = self.literal()
+        else:
+            found = "the end" if not char else repr(char)
+            raise self.fail(f"expected a name or a literal, found {found}")
         filters: list[tuple[str, Any]] = []
         end = self.pos
         while True:
             self.skip_space()
-            if self.text.startswith("}}", self.pos):
-                break
-            if self.pos >= len(self.text):
-                raise self.fail("'{{' is never closed", opened_at)
             if self.peek() != "|":
-                raise self.fail(f"unexpected {self.peek()!r}")
+                break
             self.pos += 1
             self.skip_space()
             filters.append(self.filter())
             if len(filters) > _MAX_FILTERS:
                 raise self.fail(f"more than {_MAX_FILTERS} filters")
             end = self.pos
-        source = self.text[begin:end].strip()
-        self.pos += 2
-        return _Expr(source, path, literal, filters)
+        self.pos = end
+        return _Expr(self.text[begin:end].strip(), path, literal, filters)
 
     def identifier(self) -> str:
         match = _NAME.match(self.text, self.pos)
@@ -350,15 +370,20 @@ class Template:
         self.source = source
         """The template text as written."""
         self._parts = tuple(_Parser(source).parse())
-        exprs = [p for p in self._parts if isinstance(p, _Expr)]
+        exprs = [p for p in self._parts if not isinstance(p, str)]
         texts = [p for p in self._parts if isinstance(p, str)]
         only_one = len(exprs) == 1 and all(not t.strip() for t in texts)
-        self._native: _Expr | None = exprs[0] if only_one else None
+        self._native: Any = exprs[0] if only_one else None
 
     @property
     def references(self) -> list[tuple[PathKey, ...]]:
         """The scope paths this template reads, in order (literals read nothing)."""
-        return [p.path for p in self._parts if isinstance(p, _Expr) and p.path is not None]
+        return [ref for p in self._parts if not isinstance(p, str) for ref in p.refs()]
+
+    @property
+    def expressions(self) -> list[Any]:
+        """Its parsed ``{{ }}`` expressions (paths, literals, conditions), for checks at load."""
+        return [p for p in self._parts if not isinstance(p, str)]
 
     @property
     def is_native(self) -> bool:
@@ -374,7 +399,7 @@ class Template:
         for part in self._parts:
             if type(part) is str:
                 out.append(part)
-            elif isinstance(part, _Expr):
+            else:
                 value = part.evaluate(scope)
                 out.append(value if type(value) is str else to_json(value))
             size += len(out[-1])

@@ -1,6 +1,6 @@
 """Checkpoint stores: where runs and their steps are recorded, so a run can be resumed anywhere.
 
-``open_store(url)`` picks the backend from the URL (DESIGN §4)::
+``open_store(url)`` picks the backend from the URL::
 
     sqlite:///relative/path.db     embedded default (``.chainrt/chainrt.db``), one file, WAL
     sqlite:////absolute/path.db
@@ -16,9 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CheckpointError
-from .._settings import get_settings
-from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
-from ._records import (
+from .._records import (
     RECORD_SCHEMA,
     AttemptRecord,
     OwnerLease,
@@ -28,6 +26,8 @@ from ._records import (
     StepRecord,
     StepStatus,
 )
+from .._settings import get_settings
+from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
 from ._sqlite import SQLiteStore
 from ._url import ACCEPTED_FORMS, redact_url, sqlite_path, sqlite_read_only, store_scheme
 

@@ -16,10 +16,14 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AnswerCache", "answer_cache", "cache_key"]
+if TYPE_CHECKING:
+    from ._protocol import CheckpointStore
+
+__all__ = ["AnswerCache", "RedisAnswers", "SqliteAnswers", "answer_cache", "cache_key", "kept"]
 
 MAX_ANSWER_CHARS = 256_000
 """Longer answers are not cached."""
@@ -63,13 +67,16 @@ class AnswerCache:
             self._mem[key] = (answer, now, now + ttl_s)
 
 
-class _RedisAnswers(AnswerCache):
+class RedisAnswers(AnswerCache):
+    """Answers as Redis strings with a ``PX`` TTL under ``store``'s key prefix (a
+    ``RedisStore``: its calls go through the store's own fallback and retry path)."""
+
     def __init__(self, store: Any) -> None:
         super().__init__()
         self._store = store
 
     def _key(self, key: str) -> str:
-        return f"{self._store.keys.prefix}:answer:{key}"
+        return str(self._store.keys.answer(key))
 
     async def get(self, key: str) -> tuple[str, float] | None:
         name = self._key(key)
@@ -85,7 +92,9 @@ class _RedisAnswers(AnswerCache):
         await self._store._call(lambda: self._store._client.set(name, value, px=ttl_ms), key=name)
 
 
-class _SqliteAnswers(AnswerCache):
+class SqliteAnswers(AnswerCache):
+    """Answers as rows of the table ``answer_cache`` in the SQLite file at ``path``."""
+
     _DDL = (
         "CREATE TABLE IF NOT EXISTS answer_cache (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
         "expires_at REAL NOT NULL)"
@@ -141,21 +150,17 @@ class _SqliteAnswers(AnswerCache):
 _caches: weakref.WeakKeyDictionary[Any, AnswerCache] = weakref.WeakKeyDictionary()
 
 
-def answer_cache(store: Any) -> AnswerCache:
-    """The answer cache kept in ``store`` (one per store object; in memory for a memory or
-    read-only store)."""
+def kept(store: object, make: Callable[[], AnswerCache]) -> AnswerCache:
+    """The answer cache of ``store``, made by ``make`` the first time it is asked for: one per
+    store object (for the stores' ``answer_cache()``)."""
     found = _caches.get(store)
-    if found is not None:
-        return found
-    from ._redis import RedisStore
-    from ._sqlite import SQLiteStore
+    if found is None:
+        found = _caches[store] = make()
+    return found
 
-    cache: AnswerCache
-    if isinstance(store, RedisStore):
-        cache = _RedisAnswers(store)
-    elif isinstance(store, SQLiteStore) and store.path is not None and not store.read_only:
-        cache = _SqliteAnswers(store.path)
-    else:
-        cache = AnswerCache()
-    _caches[store] = cache
-    return cache
+
+def answer_cache(store: CheckpointStore) -> AnswerCache:
+    """The answer cache kept in ``store``: whatever its ``answer_cache()`` gives (in Redis for a
+    Redis store, in the file for a SQLite file store, in memory for a memory or read-only store;
+    a wrapper such as the tracing one gives its inner store's)."""
+    return store.answer_cache()

@@ -18,8 +18,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from ._records import RECORD_SCHEMA, AttemptRecord, RunProgress, StepRecord
-from ._url import redact_text
+from .._records import RECORD_SCHEMA, AttemptRecord, RunProgress, StepRecord
+from .._redact import redact_text
 
 __all__ = ["SharedFields", "attempt_record", "made", "run_progress", "step_record"]
 
@@ -76,7 +76,7 @@ def attempt_record(
     detail: str | None = None,
 ) -> AttemptRecord:
     """``AttemptRecord(attempt=, status=, elapsed_ms=, detail=)`` without validation (a tool's
-    attempt: no model, endpoint, confidence, hops or hedge)."""
+    attempt: no model, endpoint, confidence, hops, usage or hedge)."""
     data = {
         "attempt": attempt,
         "model": None,
@@ -86,6 +86,7 @@ def attempt_record(
         "detail": _redacted(detail),
         "confidence": None,
         "hops_ms": None,
+        "usage": None,
         "hedge": None,
     }
     return made(AttemptRecord, data, _ATTEMPT_GIVEN)

@@ -17,6 +17,11 @@ runs (at most once a minute per store, and on its first call), reads every slot'
 back into the index each run that still exists. A run is therefore never lost from the listing
 for good: the set is written in the same script as the run.
 
+A change of status (a claim, a commit to another status than ``running``) marks the run in its
+slot's set the same way, atomically with the change, until the status sets have moved it
+(``_redis_lists``); the repair puts every run it finds marked into the sets of the status it
+has.
+
 The ``ZADD`` may reach the index before the script reaches the run (two masters, no order): an
 index entry whose run is missing is dropped (by the listing, by the sweep of expired runs) only
 when it is over :data:`INDEX_GRACE_S` old and its run is not in its slot's ``unindexed`` set,
@@ -34,10 +39,10 @@ from redis import exceptions as rx
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from .._errors import CheckpointError
-from ._cluster_lean import LOST
-from ._keys import RunFields, StoreKeys
-from ._lean import pack
+from ..redis import LOST, pack
+from ..redis.keys import StoreKeys
 from ._redis_client import RedisConnection
+from ._scripts import RunFields
 
 __all__ = ["FIRST_COMMIT_MAX", "INDEX_GRACE_S", "ClusterIndex"]
 
@@ -69,6 +74,10 @@ class ClusterIndex(RedisConnection):
         if not done:
             score = {run_id: created_at}
             await self._call(lambda: self._client.zadd(index, score, nx=True), key=index)
+
+    async def _restored(self, ids: list[bytes]) -> None:
+        """Runs the repair found marked in their slot's ``unindexed`` set and still there
+        (their index entry is now written; the store's other indexes hook in here)."""
 
     async def _unindex(self, run_id: str, unindexed: str) -> None:
         """Take a run whose index entry is acknowledged out of its slot's ``unindexed`` set
@@ -140,6 +149,10 @@ class ClusterIndex(RedisConnection):
                 len(restored),
                 ", ".join(sorted(r.decode(errors="replace") for r in restored)),
             )
+        # Every run still there, those indexed before included: one marked by a change of
+        # status whose move between the other indexes was cut short gets them now.
+        gone = set(missing) - set(restored)
+        await self._restored([rid for rid in ids if rid not in gone])
         # Only after the index has them: a repair cut short here is done again next time.
         for slot, members in found.items():
             key = self.keys.unindexed(slot)

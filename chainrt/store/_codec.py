@@ -14,8 +14,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .._errors import CheckpointError, CorruptRecord, FencedOut, RecordTooLarge, RunNotFound
-from ._records import RECORD_SCHEMA, OwnerLease, RunProgress, RunRecord, StepRecord
+from .._errors import (
+    CheckpointError,
+    CorruptRecord,
+    FencedOut,
+    LeaseReleased,
+    RecordTooLarge,
+    RunNotFound,
+)
+from .._records import RECORD_SCHEMA, OwnerLease, RunProgress, RunRecord, StepRecord
 
 __all__ = [
     "FINAL_STATUSES",
@@ -35,7 +42,7 @@ __all__ = [
 FINAL_STATUSES: frozenset[str] = frozenset(
     {"completed", "partial", "rejected", "failed", "cancelled"}
 )
-"""Run statuses after which the run's records expire (every status but ``queued``/``running``)."""
+"""Run statuses after which the run's records expire (all but ``queued``/``running``/``waiting``)."""
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -43,7 +50,7 @@ _ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {
     model: TypeAdapter(model) for model in (RunRecord, StepRecord, RunProgress)
 }
 _SERIALIZERS = {model: model.__pydantic_serializer__ for model in _ADAPTERS}
-_STATUSES = FINAL_STATUSES | {"queued", "running"}
+_STATUSES = FINAL_STATUSES | {"queued", "running", "waiting"}
 _TRACE: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
 
@@ -191,9 +198,9 @@ def finished(run_id: str, status: str) -> CheckpointError:
     )
 
 
-def no_lease(run_id: str) -> FencedOut:
+def no_lease(run_id: str) -> LeaseReleased:
     """The run's owner lease was released (the run finished): nothing to renew."""
-    return FencedOut(
+    return LeaseReleased(
         f"run {run_id!r} has no owner lease any more (released when it finished); there is "
         "nothing to renew"
     )

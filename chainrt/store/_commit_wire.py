@@ -1,7 +1,7 @@
 """The store's commit script call packed for the wire: one format for all its arguments.
 
 Every durable step on Redis sends one ``EVALSHA`` of the commit script: 2 keys and 11
-arguments. Packed by the generic :func:`._lean.pack_args` (a loop with a type test and a format
+arguments. Packed by the generic :func:`chainrt.redis.pack_args` (a loop with a type test and a format
 per argument) it cost 4.1-4.8 us per commit on the loaded 2-CPU machine (``timeit``), a few %
 of a step's own Python when many runs share one process (issue 18, round 7); here the 13 bulk
 strings go through one ``%`` format: 3.1-3.2 us in the same runs (1.3-1.6x faster), with the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._lean import pack_args
+from ..redis import pack_args
 
 __all__ = ["COMMIT_ARGS", "COMMIT_KEYS", "commit_wire"]
 

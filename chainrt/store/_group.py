@@ -15,7 +15,7 @@ Two ways to be "busy": :class:`InFlightGroup` (Redis Cluster, per master; Redis 
 client) is busy while a round trip is on the wire; :class:`IterationGroup` (SQLite, whose writes
 never leave the event loop) is busy for the rest of the loop iteration in which a commit was
 written, so that runs ready in the same iteration share the next transaction. (On one Redis
-node the commits do not queue behind a round trip at all: they go on a pipe, :mod:`._pipe`.)
+node the commits do not queue behind a round trip at all: they go on a pipe, :meth:`chainrt.redis.LeanRedis.pipelined`.)
 """
 
 from __future__ import annotations

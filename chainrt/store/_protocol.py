@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import abc
 
-from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+from .._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+from ._answers import AnswerCache, kept
+from ._signals import KeptSignal, SignalRecord
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "CheckpointStore"]
 
@@ -78,11 +80,33 @@ class CheckpointStore(abc.ABC):
         limit: int = 100,
         *,
         before: tuple[float, str] | None = None,
+        chain: str | None = None,
     ) -> list[RunRecord]:
         """Runs, newest first (``created_at``, then ``run_id``, both descending), optionally only
-        those with ``status``; with ``before`` (``created_at, run_id`` of a run), only the runs
-        after it in that order: keyset pages that hold however many runs the store keeps."""
+        those with ``status`` and only those of ``chain``; with ``before`` (``created_at,
+        run_id`` of a run), only the runs after it in that order: keyset pages that hold however
+        many runs the store keeps. A page filtered by status or by chain reads from an index of
+        that status or chain: it costs about the same whatever else the store holds."""
+
+    @abc.abstractmethod
+    async def put_signal(self, run_id: str, signal: SignalRecord) -> KeptSignal:
+        """Keep ``signal`` for the run (the first of its name wins; the same payload again is a
+        retry, another is SignalRefused), atomically with reading the run's status, which comes
+        back with what was kept. RunNotFound if no such run; SignalRefused if it has ended."""
+
+    @abc.abstractmethod
+    async def get_signal(self, run_id: str, name: str) -> SignalRecord | None:
+        """The signal ``name`` kept for the run, or None (:mod:`chainrt.store._signals`)."""
 
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
+
+    def answer_cache(self) -> AnswerCache:
+        """The answer cache of ``degrade: [cache]`` kept in this store, one per store object.
+
+        This default keeps answers in memory (one process); a backend that can keep them beside
+        its runs returns its own, and a wrapper around a store (tracing) returns its inner
+        store's: the runner asks its store, whatever wraps it, never the store's class.
+        """
+        return kept(self, AnswerCache)

@@ -1,13 +1,15 @@
 """The production checkpoint store: Redis (or Valkey), shared by every runner process and host.
 
-A run is two keys in one Cluster slot (see ``_keys``): a hash with the run's parts and a hash of
+A run is two keys in one Cluster slot (see ``chainrt.redis.keys``): a hash with the run's parts and a hash of
 its step records. ``create_run``, ``commit``, ``claim`` and ``renew`` are Lua scripts: each
 checks the fencing token inside Redis and writes everything it writes atomically, in one round
 trip. Every script is safe to send twice (a retry after a lost reply finds its own write and
 succeeds), so transient connection errors are retried here, within ``retry_for_s``.
 
 The URL may name one Redis server or any node of a Redis Cluster: the connection, cluster
-detection, retries and error mapping live in ``_redis_client``, the base of ``RedisStore``.
+detection, retries and error mapping live in ``_redis_client``, the base of ``RedisStore``; the
+commit path (the pipe, the group commit per cluster master, the fallback to the client) in
+``_redis_commit``, another base.
 """
 
 from __future__ import annotations
@@ -16,17 +18,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from collections.abc import Callable
+from typing import Any, cast
 
-from redis import exceptions as rx
 from redis.crc import key_slot
 
 from .._errors import CheckpointError, CorruptRecord
+from .._records import OwnerLease, RunRecord, RunStatus, StepRecord
 from .._settings import get_settings
-from ._cluster import close_client, split_options
-from ._cluster_index import FIRST_COMMIT_MAX, ClusterIndex
-from ._cluster_lean import LOST, REDIRECTED
+from ..redis import close_client, pack, split_options
+from ..redis.keys import StoreKeys, check_run_id
+from ._answers import AnswerCache, RedisAnswers, kept
+from ._cluster_index import FIRST_COMMIT_MAX
 from ._codec import (
     FINAL_STATUSES,
     assemble_run,
@@ -35,20 +38,16 @@ from ._codec import (
     decode_run,
     decode_step,
     encode,
-    encode_trace,
-    fenced,
-    finished,
-    no_lease,
     not_found,
 )
-from ._commit_wire import commit_wire
-from ._group import InFlightGroup, Outcomes
-from ._keys import SCRIPTS, StoreKeys, check_run_id
-from ._keys import RunFields as F
-from ._lean import pack, pack_args
+from ._group import InFlightGroup
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
-from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from ._redis_client import one_line
+from ._redis_commit import RedisCommits
+from ._redis_lists import ListIndexes
+from ._scripts import SCRIPTS
+from ._scripts import RunFields as F
+from ._signals_redis import RedisSignals
 from ._url import check_redis_url, redact_url
 
 __all__ = ["RedisStore"]
@@ -57,31 +56,9 @@ logger = logging.getLogger("chainrt.store")
 
 _SWEEP_EVERY_S = 60.0  # create_run drops index entries of expired runs at most this often
 _SWEEP_BATCH = 500
-# EVALSHA of the commit script with its 2 keys and 11 arguments: the fixed part, packed once.
-_COMMIT_HEAD = b"*16\r\n" + pack_args(("EVALSHA", SCRIPTS["commit"].sha, "2"))
-# The same with a third key and a 12th argument: a run's first commit on a cluster (_cluster_index).
-_FIRST_COMMIT_HEAD = b"*18\r\n" + pack_args(("EVALSHA", SCRIPTS["commit"].sha, "3"))
 
 
-class _Commit(NamedTuple):
-    """One commit, encoded as the commit script's keys and arguments."""
-
-    run_id: str
-    token: int
-    keys: tuple[str, ...]
-    """The run's keys; on a cluster, for the run's first commit, its slot's ``unindexed`` set too
-    (and the run id as a 12th argument)."""
-    args: list[str | bytes]
-    slot: int = -1
-    """On a cluster, the hash slot of the run's keys (computed once, routed by); -1 elsewhere."""
-
-    def packed(self) -> bytes:
-        """The EVALSHA of the commit script, packed."""
-        head = _COMMIT_HEAD if len(self.keys) == 2 else _FIRST_COMMIT_HEAD
-        return commit_wire(head, self.keys, self.args)
-
-
-class RedisStore(ClusterIndex, CheckpointStore):
+class RedisStore(RedisSignals, RedisCommits, ListIndexes, CheckpointStore):
     """Checkpoint store in Redis: ``redis://[:password@]host:port/db`` or ``rediss://`` (TLS).
 
     Nothing connects until the first call. ``retry_for_s`` bounds how long one call retries
@@ -125,14 +102,15 @@ class RedisStore(ClusterIndex, CheckpointStore):
         self._closed = False
         # Before the first call has found out what the URL names, and with wait_replicas: each
         # commit through the client (WAIT goes with each). On one node otherwise: the pipe.
-        self._commits: InFlightGroup[_Commit] = InFlightGroup(self._through_client)
+        self._commits = InFlightGroup(self._through_client)
         # On a cluster: one group commit per master, by node name ("" while none is known).
-        self._per_master: dict[str, InFlightGroup[_Commit]] = {}
+        self._per_master = {}
         # On a cluster: runs created here with an owner (this process runs them) whose first
         # commit has not gone yet (it takes them out of their slot's `unindexed` set, see
         # _cluster_index); insertion-ordered, at most FIRST_COMMIT_MAX (the oldest go first).
-        self._first_commit: dict[str, None] = {}
+        self._first_commit = {}
         self._creating: set[str] = set()
+        self._chains_known = {}
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -154,8 +132,12 @@ class RedisStore(ClusterIndex, CheckpointStore):
             str(owner.pid) if owner else "",
             repr(owner.expires_at) if owner else "",
             self._ttl_ms if run.status in FINAL_STATUSES else "0",
+            run.chain,
         ]
         keys = [self.keys.run(run_id), self.keys.steps(run_id), self.keys.index]
+        keys += [self.keys.by_status(run.status), self.keys.by_chain(run.chain), self.keys.chains]
+        keys.append(self.keys.by_chain_status(run.chain, run.status))
+        self._remember_chain(run_id, run.chain)
         if self.cluster is None:
             await self._call(self._connect)
         if self.cluster:
@@ -185,7 +167,9 @@ class RedisStore(ClusterIndex, CheckpointStore):
         unindexed = self.keys.unindexed(key_slot(keys[0].encode()))
         self._creating.add(run_id)  # a sweep meanwhile must not take its entry for a stale one
         try:
-            indexing = asyncio.ensure_future(self._index_add(run_id, run.created_at))
+            indexing = asyncio.ensure_future(
+                self._index_add(run_id, run.created_at, run.status, run.chain)
+            )
             try:
                 reply = await self._script_fast("create_run", [keys[0], keys[1], unindexed], args)
             except BaseException:
@@ -242,146 +226,6 @@ class RedisStore(ClusterIndex, CheckpointStore):
             steps[step_id] = decode_step(raw, run_id=run_id, step_id=step_id, where=where)
         return steps
 
-    async def commit(
-        self, run_id: str, token: int, progress: RunProgress, step: StepRecord | None = None
-    ) -> None:
-        """Write ``step`` (if any) and ``progress`` atomically, in one round trip."""
-        keys: tuple[str, ...] = self.keys.run_and_steps(run_id)  # checks the id first
-        limit = self.max_record_bytes
-        progress_data = encode(progress, limit=limit, what=f"progress of run {run_id!r}")
-        step_data = b""
-        if step is not None:
-            what = f"step {step.step_id!r} of run {run_id!r}"
-            step_data = encode(step, limit=limit, what=what)
-        args: list[str | bytes] = [
-            str(token),
-            progress.status,
-            progress_data,
-            repr(time.time()),
-            "" if progress.budget_total_ms is None else repr(progress.budget_total_ms),
-            b"" if progress.trace is None else encode_trace(progress.trace),
-            "1" if progress.release_owner else "0",
-            "0" if step is None else "1",
-            "" if step is None else step.step_id,
-            step_data,
-            self._ttl_ms if progress.status in FINAL_STATUSES else "0",
-        ]
-        if self._first_commit and run_id in self._first_commit:
-            # Taken out before the commit is acknowledged: one that fails leaves the run in
-            # its slot's `unindexed` set, which the repair empties (the index has the run).
-            del self._first_commit[run_id]
-            keys += (self.keys.unindexed(key_slot(keys[0].encode())),)
-            args.append(run_id)
-        if self.cluster is False and not self.wait_replicas:
-            command = commit_wire(_COMMIT_HEAD, keys, args)
-            reply = await self._on_pipe("commit", command, keys, args)
-            self._check(reply, run_id, token, action="commit")
-            return
-        if self.cluster and not self.wait_replicas:
-            # The run's slot, once per commit: the group and the connection are found by it.
-            slot = key_slot(keys[0].encode())
-            # One group per master: a batch waits only for its own master's round trip.
-            master = self._cluster_fast.master_at(slot)
-            group = self._per_master.get(master)
-            if group is None:
-                group = self._per_master[master] = InFlightGroup(self._send_to_masters)
-            await group.submit(_Commit(run_id, token, keys, args, slot))
-            return
-        await self._commits.submit(_Commit(run_id, token, keys, args))
-
-    async def _on_pipe(
-        self, name: str, command: bytes, keys: Sequence[str], args: Sequence[str | bytes]
-    ) -> Any:
-        """On one node (without ``wait_replicas``): the script call ``command`` (``name`` with
-        ``keys`` and ``args``, packed) on the pipe (:mod:`._pipe`: written at once, or with the
-        other calls of this loop turn in one write; never behind another round trip). If the
-        pipe fails, or the server lost its scripts, the call goes again through the client
-        (:meth:`_script`: retried, the script loaded; every script is safe to send twice)."""
-        try:
-            reply = await self._fast.pipelined(command)
-        except Exception:  # its outcome is unknown (the pipe broke or timed out)
-            return await self._script(name, keys, args)
-        if isinstance(reply, rx.NoScriptError):
-            return await self._script(name, keys, args)
-        if isinstance(reply, rx.ResponseError):
-            raise self._refused(reply, keys[0])
-        return reply
-
-    async def _send_to_masters(self, commits: list[_Commit]) -> Outcomes:
-        """On a cluster: the commits grouped by the master of their run's slot (the cluster
-        client's map), each group as packed EVALSHAs on a bare connection to its master, the
-        groups at once. A commit answered with a redirection (``MOVED``, ``ASK``, ``TRYAGAIN``,
-        ``CLUSTERDOWN``, ``NOSCRIPT``) or whose connection failed goes again through the cluster
-        client (:meth:`_commit_one`: it follows the redirection, retries within ``retry_for_s``
-        and updates the map the next commits are routed by)."""
-        if len(commits) == 1:  # one run at a time: nothing to group
-            return await self._send_to_master(commits)
-        masters = self._cluster_fast
-        groups: dict[str, list[int]] = {}
-        for i, c in enumerate(commits):
-            groups.setdefault(masters.master_at(c.slot), []).append(i)
-        if len(groups) == 1:  # (the usual case: the batch of one master's group commit)
-            return await self._send_to_master(commits)
-        outcomes: Outcomes = [None] * len(commits)
-
-        async def send(where: list[int]) -> None:
-            done = await self._send_to_master([commits[i] for i in where])
-            for i, outcome in zip(where, done, strict=True):
-                outcomes[i] = outcome
-
-        await asyncio.gather(*(send(where) for where in groups.values()))
-        return outcomes
-
-    async def _send_to_master(self, commits: list[_Commit]) -> Outcomes:
-        """``commits`` (all in slots of one master, by the map) on a bare connection to it;
-        see :meth:`_send_to_masters`."""
-        # Looked up here, with no pause before the call: connections closed by another batch's
-        # refresh are never handed out.
-        lean = self._cluster_fast.at_slot(commits[0].slot)
-        if lean is None:  # the client's map has no master for the slot now
-            return await self._through_client(commits)
-        command = [c.packed() for c in commits]
-        try:
-            replies = await lean.call(command, len(commits))
-        except LOST:
-            outcomes = await self._through_client(commits)
-            await self._cluster_fast.refresh(lost=lean)
-            return outcomes
-        outcomes = []
-        again: list[int] = []
-        for i, (c, reply) in enumerate(zip(commits, replies, strict=True)):
-            outcomes.append(None)
-            try:
-                if isinstance(reply, REDIRECTED):
-                    again.append(i)
-                elif isinstance(reply, rx.ResponseError):
-                    raise self._refused(reply, c.keys[0])
-                else:
-                    self._check(reply, c.run_id, c.token, action="commit")
-            except CheckpointError as exc:
-                outcomes[i] = exc
-        if again:
-            redone = await self._through_client([commits[i] for i in again])
-            for i, outcome in zip(again, redone, strict=True):
-                outcomes[i] = outcome
-            await self._cluster_fast.refresh()
-        return outcomes
-
-    async def _through_client(self, commits: list[_Commit]) -> Outcomes:
-        """Each commit as its own script call through the client (retried, redirections
-        followed)."""
-        if len(commits) == 1:
-            return [await self._commit_one(commits[0])]
-        return list(await asyncio.gather(*(self._commit_one(c) for c in commits)))
-
-    async def _commit_one(self, commit: _Commit) -> BaseException | None:
-        try:
-            reply = await self._script("commit", commit.keys, commit.args)
-            self._check(reply, commit.run_id, commit.token, action="commit")
-        except CheckpointError as exc:
-            return exc
-        return None
-
     async def claim(self, run_id: str, expected_token: int, owner: OwnerLease) -> int:
         """Compare-and-set the fencing token; the new token is ``expected_token + 1``."""
         check_run_id(run_id)
@@ -395,8 +239,17 @@ class RedisStore(ClusterIndex, CheckpointStore):
             repr(time.time()),
         ]
         keys = [self.keys.run(run_id), self.keys.steps(run_id)]
-        reply = await self._script_fast("claim", keys, args)
-        self._check(reply, run_id, expected_token, action="claim")
+        if self.cluster is None:
+            await self._call(self._connect)
+        if self.cluster:  # marked in its slot until its sets moved (as _commit_status)
+            unindexed = self.keys.unindexed(key_slot(keys[0].encode()))
+            reply = await self._script_fast("claim_marked", [*keys, unindexed], [*args, run_id])
+            self._check(reply, run_id, expected_token, action="claim")
+            await self._index_status(run_id, "running", unindexed)
+        else:  # the run moves into the `running` set in the same script
+            keys += [*self.keys.status_sets(), *await self._chain_sets(run_id)]
+            reply = await self._script_fast("claim_status", keys, [*args, run_id])
+            self._check(reply, run_id, expected_token, action="claim")
         owner.token = new_token
         return new_token
 
@@ -412,12 +265,15 @@ class RedisStore(ClusterIndex, CheckpointStore):
         limit: int = 100,
         *,
         before: tuple[float, str] | None = None,
+        chain: str | None = None,
     ) -> list[RunRecord]:
-        """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped.
+        """Runs, newest first, optionally only those with ``status`` and of ``chain``; corrupt
+        ones are skipped.
 
-        Walks the index newest first in pages; index entries whose run has expired are
-        dropped from the index on the way. ``before`` (``created_at, run_id``) starts after
-        that run: at its rank in the sorted set (O(log N)), not by reading what comes first.
+        Walks the index newest first in pages (a filtered page: the status's or the chain's
+        sorted set, :mod:`._redis_lists`); index entries whose run has expired are dropped
+        from the index on the way. ``before`` (``created_at, run_id``) starts after that run:
+        at its rank in the sorted set (O(log N)), not by reading what comes first.
         """
         if limit < 0:
             raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
@@ -425,39 +281,46 @@ class RedisStore(ClusterIndex, CheckpointStore):
             await self._sweep_index()
             if self.cluster:
                 await self._repair_index()
-        page = limit if status is None else max(limit, 100)
-        wanted = None if status is None else status.encode()
+        if status is not None or chain is not None:
+            return await self._filtered_page(status, chain, limit, before)
         runs: list[RunRecord] = []
         stale: list[bytes] = []
         start = 0 if before is None else await self._rank_after(before)
         while len(runs) < limit:
-            ids = await self._index_page(start, page)
+            ids = await self._index_page(start, limit)
             if not ids:
                 break
-            start += page
-            if wanted is not None:
-                # Statuses first: only the matching runs' full records cross the wire.
-                found = await self._pipelined(ids, lambda pipe, key: pipe.hget(key, F.STATUS))
-                stale += [rid for rid, st in zip(ids, found, strict=True) if st is None]
-                ids = [rid for rid, st in zip(ids, found, strict=True) if st == wanted]
-                ids = ids[: limit - len(runs)]
-            records = await self._pipelined(ids, lambda pipe, key: pipe.hgetall(key))
-            for raw_id, fields in zip(ids, records, strict=True):
-                run_id = raw_id.decode(errors="replace")
-                if not fields:
-                    stale.append(raw_id)
-                    continue
-                try:
-                    if isinstance(fields, Exception):
-                        raise CorruptRecord(f"the run key cannot be read: {one_line(fields)}")
-                    runs.append(self._assemble(run_id, self.keys.run(run_id), fields))
-                except CheckpointError as exc:
-                    logger.warning("list_runs skips run %r: %s", run_id, exc)
+            start += limit
+            runs.extend(await self._read_listed(ids, stale))
         if stale and self.cluster:
             stale = await self._stale_for_good(stale)
         if stale:
             await self._call(lambda: self._client.zrem(self.keys.index, *stale))
         return runs[:limit]
+
+    async def _read_listed(self, ids: list[bytes], stale: list[bytes]) -> list[RunRecord]:
+        """The runs of the index entries ``ids``, in their order, read in one round trip; an
+        entry whose run has expired is added to ``stale``, one that cannot be read is logged
+        and skipped (a list page never fails on one bad record)."""
+        runs: list[RunRecord] = []
+        records = await self._pipelined(ids, lambda pipe, key: pipe.hgetall(key))
+        for raw_id, fields in zip(ids, records, strict=True):
+            run_id = raw_id.decode(errors="replace")
+            if not fields:
+                stale.append(raw_id)
+                continue
+            try:
+                if isinstance(fields, Exception):
+                    raise CorruptRecord(f"the run key cannot be read: {one_line(fields)}")
+                runs.append(self._assemble(run_id, self.keys.run(run_id), fields))
+            except CheckpointError as exc:
+                logger.warning("list_runs skips run %r: %s", run_id, exc)
+        return runs
+
+    def answer_cache(self) -> AnswerCache:
+        """Answers as Redis strings with a TTL under the store's key prefix (shared by every
+        process on this Redis)."""
+        return kept(self, lambda: RedisAnswers(self))
 
     async def close(self) -> None:
         """Close the connection pool; the store is unusable afterwards."""
@@ -468,22 +331,6 @@ class RedisStore(ClusterIndex, CheckpointStore):
         elif self._loop is not None:  # a foreign loop: closed on the store's own, if it runs
             self._retire(self._loop)  # (a closed loop's were closed at its shutdown)
             self._redis = self._new_client()
-
-    def _check(self, reply: Any, run_id: str, token: int, *, action: str) -> None:
-        if reply == 0:  # the commit script's "written"
-            return
-        code = reply[0]
-        if code == 0:
-            return
-        if code == -1:
-            raise not_found(run_id, self.url)
-        if code == -2:
-            raise fenced(run_id, token, int(reply[1]), action=action)
-        if code == -3:
-            raise finished(run_id, reply[1].decode())
-        if code == -4:
-            raise no_lease(run_id)
-        raise CheckpointError(f"the Redis store {self.url} gave an unexpected reply {reply!r}")
 
     async def _hgetall(self, key: str) -> dict[bytes, bytes]:
         return cast(dict[bytes, bytes], await self._client.hgetall(key))
@@ -540,6 +387,7 @@ class RedisStore(ClusterIndex, CheckpointStore):
                 gone = await self._stale_for_good(gone)
             if gone:
                 await self._call(lambda: self._client.zrem(index, *gone))
+                await self._unlist(gone)
 
     def _assemble(self, run_id: str, key: str, fields: dict[bytes, bytes]) -> RunRecord:
         where = f"{self.url} key {key}"
@@ -569,6 +417,7 @@ class RedisStore(ClusterIndex, CheckpointStore):
                 "was loaded from it. Inspect or delete that key."
             ) from None
         base = decode_run(raw, run_id=run_id, where=where)
+        self._remember_chain(run_id, base.chain)
         progress = None
         if raw_progress is not None:
             progress = decode_progress(raw_progress, run_id=run_id, where=where)

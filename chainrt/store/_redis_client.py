@@ -1,7 +1,7 @@
 """The Redis store's connection: its client, cluster detection, retries and error mapping.
 
 ``RedisConnection`` is the base of ``RedisStore``. The URL may name one Redis server or any node
-of a Redis Cluster: the first call finds out which (see ``_cluster``) and, on a cluster, switches
+of a Redis Cluster: the first call finds out which (see :func:`chainrt.redis.open_cluster`) and, on a cluster, switches
 to the cluster client. ``_call`` retries transient errors (a lost connection, a restart, a
 failover; on a cluster also ``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) within
 ``retry_for_s`` and turns every redis-py error into a one-line chainrt error naming the store.
@@ -23,20 +23,30 @@ from redis.backoff import NoBackoff
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_random
 
 from .._errors import CheckpointError, CorruptRecord, StoreUnavailable
-from ._cluster import (
+from .._settings import get_settings
+from ..redis import (
     CLUSTER_TRANSIENT,
+    FALLBACK,
+    ClusterLean,
+    LeanRedis,
     close_client,
     cluster_client,
-    is_cluster,
+    eval_through,
     is_cluster_transient,
+    open_cluster,
+    pack,
+    send_bare,
 )
-from ._cluster_lean import LOST, REDIRECTED, ClusterLean
-from ._keys import SCRIPTS
-from ._lean import LeanRedis, pack
+from ._scripts import SCRIPTS
 
 __all__ = ["RedisConnection", "one_line"]
 
 _T = TypeVar("_T")
+
+# Most connections a store's client opens to one Redis server (CHAINRT_REDIS_MAX_CONNECTIONS,
+# default 64; on a cluster, to each node: _cluster_bound); more calls at once wait for one (a
+# ``chainrt serve`` answering a thousand requests at once opened a thousand connections and ran
+# out of file descriptors). Commits do not count: they go through the store's own pipe.
 
 # Errors after which the same command may well succeed a moment later (a restart, a failover,
 # a dataset still loading). AuthenticationError is a ConnectionError too, but never transient.
@@ -79,18 +89,28 @@ class RedisConnection:
     _masters_of: Any = None
     _loop_closer: AsyncIterator[None] | None = None  # closes the connections at the loop's end
 
-    def _new_client(self, *, cluster: bool | None = None) -> Any:
-        """A client of the kind ``cluster`` says (default: ``self.cluster``), not connected."""
+    def _options(self) -> dict[str, Any]:
+        """The options of every client of this store (and of its cluster question)."""
         # redis-py's own retries are off: _call retries with one deadline for the whole call.
-        options: dict[str, Any] = {
+        return {
             "retry": Retry(NoBackoff(), 0),
             "socket_timeout": self._socket_timeout_s,
             "socket_connect_timeout": min(self._socket_timeout_s, 1.0),
         }
+
+    def _new_client(self) -> Any:
+        """A client of the kind ``self.cluster`` says, not connected."""
+        options = self._options()
         try:
-            if self.cluster if cluster is None else cluster:
+            if self.cluster:
                 return cluster_client(self._client_url, **options)
-            client = aioredis.Redis.from_url(self._client_url, **options)
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self._client_url,
+                max_connections=get_settings().redis_max_connections,
+                timeout=max(10.0, self._socket_timeout_s),  # the wait for a free connection
+                **options,
+            )
+            client = aioredis.Redis.from_pool(pool)  # (closes the pool with the client)
             # Builds (does not connect) one connection: an unknown ?option fails here, now,
             # rather than as a TypeError at the first commit.
             client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
@@ -108,29 +128,19 @@ class RedisConnection:
         """
         if self.cluster is not None:
             return
-        probe = aioredis.Redis.from_url(
-            self._client_url,
-            retry=Retry(NoBackoff(), 0),
-            socket_timeout=self._socket_timeout_s,
-            socket_connect_timeout=min(self._socket_timeout_s, 1.0),
-        )
+        # A cluster client (or the refusal of a db other than 0), ready. Not by setting
+        # self.cluster for a moment: a call that found out first may have set it meanwhile, and
+        # putting it back to None made this call's client replace that one, left open (an
+        # unclosed ClusterNode at garbage collection, which pytest turns into an unrelated
+        # test's failure).
         try:
-            found = await is_cluster(probe)
-        finally:
-            await probe.aclose()
-        if not found:
-            self.cluster = False
+            client = await open_cluster(self._client_url, **self._options())
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"invalid Redis store URL {self.url!r}: {exc}") from None
+        if client is None:
+            if self.cluster is None:
+                self.cluster = False
             return
-        # A cluster client (or the refusal of a db other than 0). Not by setting self.cluster for
-        # a moment: a call that found out first may have set it meanwhile, and putting it back
-        # to None made this call's client replace that one, left open (an unclosed ClusterNode
-        # at garbage collection, which pytest turns into an unrelated test's failure).
-        client = self._new_client(cluster=True)
-        try:
-            await client.initialize()
-        except BaseException:
-            await close_client(client)
-            raise
         if self.cluster is None:
             self._redis, self.cluster = client, True  # the single-node one never connected
         else:
@@ -197,7 +207,7 @@ class RedisConnection:
     @property
     def _cluster_fast(self) -> ClusterLean:
         """On a cluster: bare connections to the masters of the running loop's cluster client,
-        routed by its slot map (see ``_cluster_lean``)."""
+        routed by its slot map (see :class:`chainrt.redis.ClusterLean`)."""
         client = self._client
         if self._masters is None or self._masters_of is not client:
             self._masters = ClusterLean(client, timeout_s=self._socket_timeout_s)
@@ -217,16 +227,10 @@ class RedisConnection:
         if self.wait_replicas and name != "renew":
             return await self._call(lambda: self._script_and_wait(name, keys, args), key=keys[0])
 
-        async def run() -> Any:
-            try:
-                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-            except rx.NoScriptError:
-                # The server lost its script cache (restart, failover): NOSCRIPT means the
-                # script did not run, so loading it and sending again is safe.
-                await self._client.script_load(script.source)
-                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-
-        return await self._call(run, key=keys[0])
+        # After NOSCRIPT (a restart, a failover: the script did not run) EVAL loads it and runs it.
+        return await self._call(
+            lambda: eval_through(self._client, script.sha, script.source, keys, args), key=keys[0]
+        )
 
     async def _script_fast(
         self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
@@ -252,13 +256,8 @@ class RedisConnection:
         lean = masters.for_key(key)
         if lean is None:
             return False, None
-        try:
-            (reply,) = await lean.call([command])
-        except LOST:
-            await masters.refresh(lost=lean)
-            return False, None
-        if isinstance(reply, REDIRECTED):
-            await masters.refresh()
+        reply = await send_bare(command, lean, masters)
+        if reply is FALLBACK:
             return False, None
         if isinstance(reply, rx.ResponseError):
             raise self._refused(reply, key)

@@ -1,4 +1,4 @@
-"""The embedded checkpoint store: one SQLite file (WAL), zero set-up (DESIGN §4).
+"""The embedded checkpoint store: one SQLite file (WAL), zero set-up.
 
 One connection is used directly on the event loop: a commit is a few tens of microseconds of
 SQLite work, far cheaper than a hop to a thread. WAL mode with ``synchronous=NORMAL`` keeps a
@@ -18,7 +18,10 @@ import time
 from typing import NamedTuple
 
 from .._errors import CheckpointError, RunNotFound
+from .._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
 from .._settings import get_settings
+from ..redis.keys import check_run_id
+from ._answers import AnswerCache, SqliteAnswers, kept
 from ._codec import (
     FINAL_STATUSES,
     check_owner,
@@ -31,9 +34,8 @@ from ._codec import (
     not_found,
 )
 from ._group import IterationGroup, Outcomes
-from ._keys import check_run_id
 from ._protocol import DEFAULT_MAX_RECORD_BYTES, CheckpointStore
-from ._records import OwnerLease, RunProgress, RunRecord, RunStatus, StepRecord
+from ._signals import SqliteSignals
 from ._sqlite_checkpoint import Checkpointer
 from ._sqlite_conn import SQLiteConnection
 from ._sqlite_ro import connect_read_only
@@ -43,14 +45,11 @@ from ._sqlite_schema import (
     GET_RUN_SQL,
     INSERT_RUN_SQL,
     LAYOUT_VERSION,
-    LIST_BEFORE_SQL,
-    LIST_SQL,
-    LIST_STATUS_BEFORE_SQL,
-    LIST_STATUS_SQL,
     PURGE_SQL,
     SCHEMA,
     UPSERT_STEP_SQL,
-    read_layout_1,
+    list_sql,
+    read_old_layout,
     run_from_row,
 )
 
@@ -74,7 +73,7 @@ class _Commit(NamedTuple):
     step: tuple[str, str] | None  # step id, record JSON
 
 
-class SQLiteStore(SQLiteConnection, CheckpointStore):
+class SQLiteStore(SqliteSignals, SQLiteConnection, CheckpointStore):
     """Checkpoint store in one SQLite file; ``path=None`` keeps it in memory (tests).
 
     ``record_ttl_s`` (default: ``CHAINRT_RECORD_TTL_S``) is how long a finished run is kept;
@@ -107,7 +106,7 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
                 busy_timeout_s=busy_timeout_s,
             )
             with self._guard():
-                read_layout_1(self._conn)
+                read_old_layout(self._conn)
             return
         self._conn = self._open()
         self._purge()
@@ -115,6 +114,14 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
             self._checkpointer = Checkpointer(self.path)
 
     # -- the protocol ------------------------------------------------------------------------
+
+    def answer_cache(self) -> AnswerCache:
+        """Answers in the table ``answer_cache`` of the file (shared by every process on it); in
+        memory for an in-memory or read-only store."""
+        path = self.path
+        if path is None or self.read_only:
+            return super().answer_cache()
+        return kept(self, lambda: SqliteAnswers(path))
 
     async def create_run(self, run: RunRecord) -> None:
         """Insert a new run (with its owner lease). CheckpointError if the id exists."""
@@ -134,6 +141,7 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
             owner.pid if owner else None,
             owner.expires_at if owner else None,
             expires_at,
+            run.chain,
         )
         with self._transaction() as conn:
             try:
@@ -241,6 +249,7 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
                         c.run_id,
                         c.token,
                         now,
+                        c.status,
                     ),
                 )
                 if cursor.rowcount == 0:
@@ -297,26 +306,28 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
         limit: int = 100,
         *,
         before: tuple[float, str] | None = None,
+        chain: str | None = None,
     ) -> list[RunRecord]:
-        """Runs, newest first, optionally only those with ``status``; corrupt ones are skipped.
-        ``before`` (``created_at, run_id`` of the last run of the page before) starts after it,
-        on the index (no offset)."""
+        """Runs, newest first, optionally only those with ``status`` and of ``chain`` (each
+        filter walks its own index); corrupt ones are skipped. ``before`` (``created_at,
+        run_id`` of the last run of the page before) starts after it, on the index (no
+        offset)."""
         if limit < 0:
             raise CheckpointError(f"list_runs limit must be >= 0, got {limit}")
         self._purge()
-        now = time.time()
+        args: list[object] = [time.time()]
+        if status is not None:
+            args.append(status)
+        if chain is not None:
+            args.append(chain)
+        if before is not None:
+            args += [float(before[0]), str(before[1])]
+        args.append(limit)
+        sql = list_sql(
+            status=status is not None, chain=chain is not None, before=before is not None
+        )
         with self._transaction(write=False) as conn:
-            if before is not None:
-                key = (float(before[0]), str(before[1]))
-                if status is None:
-                    rows = conn.execute(LIST_BEFORE_SQL, (now, *key, limit)).fetchall()
-                else:
-                    args = (now, status, *key, limit)
-                    rows = conn.execute(LIST_STATUS_BEFORE_SQL, args).fetchall()
-            elif status is None:
-                rows = conn.execute(LIST_SQL, (now, limit)).fetchall()
-            else:
-                rows = conn.execute(LIST_STATUS_SQL, (now, status, limit)).fetchall()
+            rows = conn.execute(sql, args).fetchall()
         runs = []
         for row in rows:
             try:
@@ -341,7 +352,7 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
         self, conn: sqlite3.Connection, run_id: str, token: int, now: float, renewing: bool = False
     ) -> CheckpointError:
         row = conn.execute(
-            "SELECT fencing_token FROM runs "
+            "SELECT fencing_token, status FROM runs "
             "WHERE run_id = ? AND (expires_at IS NULL OR expires_at > ?)",
             (run_id, now),
         ).fetchone()
@@ -349,6 +360,8 @@ class SQLiteStore(SQLiteConnection, CheckpointStore):
             return self._not_found(run_id)
         if row[0] != token:
             return fenced(run_id, token, row[0], action="renew" if renewing else "commit")
+        if not renewing and row[1] not in ("running", "queued", "waiting"):
+            return finished(run_id, row[1])
         return no_lease(run_id)
 
     def _not_found(self, run_id: str) -> RunNotFound:

@@ -8,6 +8,7 @@ runs. ``chainrt.testing.drill`` drives the runs and re-exports every public name
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ __all__ = [
     "STEP_COUNT",
     "DrillStats",
     "Execution",
+    "FlowCheck",
     "Process",
     "RunReport",
     "expected_output",
@@ -36,7 +38,11 @@ _CLOCK_SLACK_S = 0.005  # a record's timings come from perf_counter, the log's f
 
 def next_value(prev: Any, step_id: str) -> dict[str, Any]:
     """The output of drill step ``step_id`` given the previous step's output (or the seed)."""
-    count, digest = (prev["n"], prev["h"]) if isinstance(prev, dict) else (0, str(prev))
+    if isinstance(prev, dict) and "n" in prev and "h" in prev:
+        count, digest = prev["n"], prev["h"]
+    else:  # the seed, or a group's output (a dict of branches, a list of items): folded whole
+        count = 0
+        digest = prev if isinstance(prev, str) else json.dumps(prev, sort_keys=True)
     digest = hashlib.sha256(f"{digest}|{step_id}".encode()).hexdigest()[:16]
     return {"n": count + 1, "h": digest, "step": step_id}
 
@@ -73,6 +79,8 @@ class Process:
     """Step ids with a record after this process ended."""
     owner: OwnerLease | None = None
     """The owner lease after this process ended."""
+    choices: dict[str, Any] = field(default_factory=dict)
+    """The switch choices recorded after this process ended (``<path>#branch``: branch name)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,8 @@ class RunReport:
     max_step_runs: int = 0
     takeovers_before_expiry: int = 0
     takeovers_after_expiry: int = 0
+    branch_changes: int = 0
+    """Switch choices that differ from the one the seed implies, after some process."""
 
     @property
     def kills(self) -> int:
@@ -135,6 +145,7 @@ class DrillStats:
     max_step_runs: int = 0
     takeovers_before_expiry: int = 0
     takeovers_after_expiry: int = 0
+    branch_changes: int = 0
     problems: list[str] = field(default_factory=list)
 
     def add(self, report: RunReport) -> None:
@@ -152,6 +163,7 @@ class DrillStats:
         self.max_step_runs = max(self.max_step_runs, report.max_step_runs)
         self.takeovers_before_expiry += report.takeovers_before_expiry
         self.takeovers_after_expiry += report.takeovers_after_expiry
+        self.branch_changes += report.branch_changes
         self.problems += [f"{report.run_id}: {p}" for p in report.problems]
 
     @property
@@ -172,6 +184,7 @@ class DrillStats:
             f"max runs of one step       {self.max_step_runs} (1 + kills that caught it in flight)",
             f"takeovers before expiry    {self.takeovers_before_expiry} (dead pid seen)",
             f"takeovers after expiry     {self.takeovers_after_expiry}",
+            f"switch branch changes      {self.branch_changes}",
             f"problems                   {len(self.problems)}",
         ]
 
@@ -187,22 +200,33 @@ def verify_run(
     *,
     steps: int = STEP_COUNT,
     lease_expiry_only: bool = False,
+    flow: FlowCheck | None = None,
 ) -> RunReport:
-    """Judge one drilled run from its processes, its step log and its final records (no I/O)."""
-    report = RunReport(run_id, processes, status, output == expected_output(seed, steps))
+    """Judge one drilled run from its processes, its step log and its final records (no I/O).
+
+    Without ``flow`` the run is of the straight drill chain of ``steps`` steps; with it, of a
+    chain with groups, judged by the leaf steps' paths and the expected switch choices."""
+    ok = output in flow.outputs if flow else output == expected_output(seed, steps)
+    report = RunReport(run_id, processes, status, ok)
     problems = report.problems
     if status != "completed":
         problems.append(f"ended {status}, not completed")
     elif not report.output_ok:
         problems.append(f"wrong output {output!r}")
-    if status == "completed" and set(records) != set(step_ids(steps)):
+    if flow is not None:
+        _judge_choices(report, records, flow.choices)
+        done = {k for k in records if k in flow.leaves and records[k].status == "completed"}
+        if status == "completed" and not flow.required <= done:
+            problems.append(f"no completed record of {sorted(flow.required - done)}")
+        records = {k: rec for k, rec in records.items() if k in flow.leaves}
+    elif status == "completed" and set(records) != set(step_ids(steps)):
         problems.append(f"{len(records)} step records, not {steps}")
     by_pid = {p.pid: p for p in processes}
     runs: dict[str, list[Execution]] = defaultdict(list)
     for e in executions:
         if e.pid not in by_pid:
             problems.append(f"step {e.step} ran in pid {e.pid}, no process of this run")
-        elif e.key != f"{run_id}:{e.step}" or e.attempt != 1:
+        elif e.key != f"{run_id}:{e.step}" or e.attempt < 1:
             problems.append(f"step {e.step} saw key {e.key!r}, attempt {e.attempt}")
         else:
             runs[e.step].append(e)
@@ -212,6 +236,14 @@ def verify_run(
         report.inflight_reruns += len(calls) - 1
         if len({e.pid for e in calls}) != len(calls):
             problems.append(f"step {step_id} ran twice in one process")
+        # ctx.attempt counts on across crashes (written before each call): a re-run is never
+        # told it is an attempt it already was.
+        for before, after in itertools.pairwise(calls):
+            if after.attempt <= before.attempt:
+                problems.append(
+                    f"step {step_id} re-ran as attempt {after.attempt} after attempt "
+                    f"{before.attempt}"
+                )
         for e in calls:
             index = by_pid[e.pid].index
             if any(p.killed and p.index < index and step_id in p.recorded for p in processes):
@@ -222,19 +254,58 @@ def verify_run(
             if not proc.killed or step_id in proc.recorded:
                 problems.append(f"step {step_id} ran again after pid {e.pid} ran it to its end")
         rec = records.get(step_id)
-        last = calls[-1].t
-        if rec is not None and not (
-            rec.started_at - _CLOCK_SLACK_S <= last <= rec.finished_at + _CLOCK_SLACK_S
-        ):
+        if rec is not None and not _from_last_run(rec, calls[-1].t):
             problems.append(f"the record of step {step_id} is not from its last run")
     for step_id in set(records) - set(runs):
-        problems.append(f"step {step_id} has a record but never ran")
-    for proc in processes:  # steps run one at a time: a kill catches at most one in flight
+        if records[step_id].status != "cancelled":
+            problems.append(f"step {step_id} has a record but never ran")
+    inflight = flow.max_inflight if flow else 1
+    for proc in processes:  # a kill catches at most the steps that run at once in flight
         unrecorded = {e.step for e in executions if e.pid == proc.pid} - proc.recorded
-        if proc.killed and len(unrecorded) > 1:
+        if proc.killed and len(unrecorded) > inflight:
             problems.append(f"pid {proc.pid} was killed with {sorted(unrecorded)} unrecorded")
     _judge_takeovers(report, runs, lease_expiry_only)
     return report
+
+
+def _from_last_run(rec: StepRecord, last: float) -> bool:
+    """Is ``rec`` the record of the step's run at ``last`` (unix seconds)?
+
+    A record written by a run spans it. A ``cancelled`` record (a join, or a cancel, cut the
+    step) says only that the step ended there: it may have been cut before its call (then its
+    last run was an earlier execution's, one a crash cut), so its run lies before its end."""
+    if rec.status == "cancelled":
+        return last <= rec.finished_at + _CLOCK_SLACK_S
+    return rec.started_at - _CLOCK_SLACK_S <= last <= rec.finished_at + _CLOCK_SLACK_S
+
+
+@dataclass(frozen=True)
+class FlowCheck:
+    """What a drilled run of a chain with groups must show (see ``chainrt.testing._drill_flow``)."""
+
+    outputs: list[Any]
+    """The acceptable outputs (more than one where a join on ``any`` may be won by either)."""
+    leaves: frozenset[str]
+    """Every leaf step path of the chain: other records (groups, choices) are not step runs."""
+    required: frozenset[str]
+    """Leaf step paths that a completed run must have a completed record of."""
+    choices: dict[str, str]
+    """The switch choices the seed implies: ``<path>#branch`` to the branch name."""
+    max_inflight: int
+    """Leaf steps that run at once at most (what one kill may catch in flight)."""
+
+
+def _judge_choices(
+    report: RunReport, records: dict[str, StepRecord], choices: dict[str, str]
+) -> None:
+    """Was every switch choice, after every process and at the end, the one the seed implies?"""
+    seen = [(f"after pid {p.pid}", p.choices) for p in report.processes]
+    seen.append(("at the end", {k: r.output for k, r in records.items() if k in choices}))
+    for when, recorded in seen:
+        for key, branch in recorded.items():
+            if key in choices and branch != choices[key]:
+                report.branch_changes += 1
+                report.problems.append(f"{key} was {branch!r} {when}, not {choices[key]!r}")
 
 
 def _judge_takeovers(

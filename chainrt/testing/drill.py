@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import RunNotFound
+from ..spec._flow import CHOICE_SUFFIX
 from ..store import open_store
 from ._drill_procs import ForkServer, SpawnRequest, run_cli
 from ._drill_verify import (
     STEP_COUNT,
     DrillStats,
     Execution,
+    FlowCheck,
     Process,
     RunReport,
     expected_output,
@@ -55,6 +57,7 @@ __all__ = [
     "DrillOptions",
     "DrillStats",
     "Execution",
+    "FlowCheck",
     "Process",
     "RunReport",
     "chain_yaml",
@@ -114,6 +117,9 @@ class DrillOptions:
     resume_kill_chance: float = 0.5
     """Chance that a resuming process is killed too (the first process always is)."""
     steps: int = STEP_COUNT
+    flow: bool = False
+    """The chain is the flow drill chain (``tests/data/drill/flow.yaml``: switch, parallel
+    joined on all and on any, map), judged by ``chainrt.testing._drill_flow``."""
 
 
 _MAX_EARLY_KILLS = 8
@@ -193,8 +199,12 @@ class Drill:
                 # the steps as this run took them, when they went faster than measured.
                 self._cli_steps_s = min(self._cli_steps(), self._steps_span(run_id, proc.pid))
             elif mode == "run" and status == "completed" and not proc.killed:
-                # A whole run went faster than measured: draw later kills over that time.
-                self._timing[cli] = (start_s, min(full_s, proc.ended_at - proc.started_at))
+                # A whole run went faster than measured: draw later kills over that time. Its
+                # start-up too (the calibration run may have paid a cold start): else, in a short
+                # chain, the lower bound of the kill moment stays past the run's end.
+                first = self._first_step(run_id, proc.pid)
+                start = start_s if first is None else min(start_s, first - proc.started_at)
+                self._timing[cli] = (start, min(full_s, proc.ended_at - proc.started_at))
             if status == "completed" or not proc.killed:
                 break
             if status is None and kill_after is not None:
@@ -213,6 +223,11 @@ class Drill:
             self._durations(True)
         assert self._cli_steps_s is not None
         return self._cli_steps_s
+
+    def _first_step(self, run_id: str, pid: int) -> float | None:
+        """When process ``pid`` made its first step call (unix seconds), from the step log."""
+        executions, _ = read_log(self.options.log_dir / f"{run_id}.jsonl")
+        return min((e.t for e in executions if e.pid == pid), default=None)
 
     def _steps_span(self, run_id: str, pid: int) -> float:
         """Seconds from process ``pid``'s first step call to its last, from the run's step log."""
@@ -254,6 +269,7 @@ class Drill:
             output,
             steps=self.options.steps,
             lease_expiry_only=self.options.foreign_hosts,
+            flow=_flow_check(seed) if self.options.flow else None,
         )
         report.problems += log_problems
         if status != "completed":
@@ -292,8 +308,25 @@ class Drill:
             steps = self._loop.run(self._store.get_steps(run_id))
         except RunNotFound:
             return proc
-        proc.status, proc.owner, proc.recorded = run.status, run.owner, frozenset(steps)
+        # A `running` record marks an attempt begun, not a step done (a re-run counts on from it).
+        done = frozenset(k for k, rec in steps.items() if rec.status != "running")
+        proc.status, proc.owner, proc.recorded = run.status, run.owner, done
+        proc.choices = {k: rec.output for k, rec in steps.items() if k.endswith(CHOICE_SUFFIX)}
         return proc
+
+
+def _flow_check(seed: str) -> FlowCheck:
+    """The flow drill chain's verdict inputs for ``seed``."""
+    from ._drill_flow import FLOW_LEAVES, FLOW_MAX_INFLIGHT, flow_expectation
+
+    expect = flow_expectation(seed)
+    return FlowCheck(
+        outputs=expect.outputs,
+        leaves=FLOW_LEAVES,
+        required=expect.required,
+        choices={"route" + CHOICE_SUFFIX: expect.branch},
+        max_inflight=FLOW_MAX_INFLIGHT,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

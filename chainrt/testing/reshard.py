@@ -34,7 +34,7 @@ import redis
 from redis.crc import key_slot
 
 from ..concurrency import RedisLimiter
-from ..concurrency._keys import key_names
+from ..redis.keys import key_names
 from ._limiter_stress import run_stress
 from .failover import FailoverReport, _judge, collect_results, start_runners, stop_runners
 from .redis_cluster import LocalCluster

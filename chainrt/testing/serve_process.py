@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -43,6 +44,7 @@ class ServeProcess:
         port: int | None = None,
         startup_s: float = 60.0,
         hostname: str | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.chains = str(chains)
@@ -52,6 +54,7 @@ class ServeProcess:
         self.env = env or {}
         self.startup_s = startup_s
         self.hostname = hostname
+        self.args = list(args)  # more `chainrt serve` flags (--tokens, --max-body, ...)
         self.process: subprocess.Popen[bytes] | None = None
         self._log = Path(tempfile.mkstemp(prefix="chainrt-serve-", suffix=".log")[1])
 
@@ -83,6 +86,7 @@ class ServeProcess:
             str(self.max_runs),
             "--drain",
             self.drain,
+            *self.args,
         ]
         if self.hostname is not None:  # exec keeps the pid: kill() still hits the runner
             command = [
@@ -145,7 +149,10 @@ class ServeProcess:
         return httpx.get(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30.0), **kwargs)
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        """POST ``path`` on this server."""
+        """POST ``path`` on this server; with no body given, an empty JSON object (the server
+        takes state-changing requests as JSON only)."""
+        if not {"json", "content", "data", "files"} & kwargs.keys():
+            kwargs["json"] = {}
         return httpx.post(f"{self.url}{path}", timeout=kwargs.pop("timeout", 30.0), **kwargs)
 
     def __enter__(self) -> ServeProcess:

@@ -16,15 +16,19 @@ backing database per test, and implement :meth:`StoreConformance.corrupt`::
 
 The factory takes the keyword options ``record_ttl_s`` and ``max_record_bytes``. Each test
 opens the stores it needs and closes them; nothing here sleeps longer than a second.
+
+The suite's parts: creating, reading and committing runs and bad records here; claims, renewals
+and concurrency in :mod:`._store_claims`; listing and expiry in :mod:`._store_listing`; parking
+and signals in :mod:`.signal_conformance`; the records it writes (:func:`make_run`,
+:func:`make_step`) in :mod:`._store_records`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -36,87 +40,26 @@ from chainrt._errors import (
     RunNotFound,
 )
 from chainrt.store._protocol import CheckpointStore
-from chainrt.store._records import (
-    AttemptRecord,
-    OwnerLease,
-    RunProgress,
-    RunRecord,
-    StepRecord,
+
+from ._store_claims import ClaimConformance
+from ._store_listing import ListingConformance
+from ._store_records import (
+    UNICODE,
+    OpenStore,
+    StoreFactory,
+    make_lease,
+    make_progress,
+    make_run,
+    make_step,
 )
+from .signal_conformance import SignalConformance
 
 __all__ = ["StoreConformance", "StoreFactory", "make_run", "make_step"]
 
 
-class StoreFactory(Protocol):
-    """Opens a fresh store on the test's shared backing database."""
-
-    def __call__(
-        self, *, record_ttl_s: float | None = None, max_record_bytes: int | None = None
-    ) -> Awaitable[CheckpointStore]: ...
-
-
-OpenStore = Callable[..., Awaitable[CheckpointStore]]
-
-_UNICODE = "naïve café — 東京 🚀 \u0000-free \\ \"quoted\" 'single'"
-
-
-def make_run(run_id: str = "run-1", *, token: int = 1, **overrides: Any) -> RunRecord:
-    """A run record exercising every field (nested spec, unicode input, owner lease)."""
-    fields: dict[str, Any] = {
-        "run_id": run_id,
-        "chain": "support_agent",
-        "spec": {
-            "name": "support_agent",
-            "budget": 8000.0,
-            "steps": [{"id": "intent", "weight": 0.2, "llm": {"model": "primary"}}],
-        },
-        "source": "/srv/chains",
-        "input": {"user_id": "u1", "question": _UNICODE, "nested": {"list": [1, 2.5, None]}},
-        "budget_total_ms": 8000.0,
-        "owner": OwnerLease(host="host-a", pid=4242, token=token, expires_at=time.time() + 10),
-        "fencing_token": token,
-        "trace": {"trace_id": "0af7651916cd43dd8448eb211c80319c", "links": []},
-        "waits_ms": {"user:u1": 1.5},
-        "created_at": 1_700_000_000.25,
-        "updated_at": 1_700_000_000.5,
-    }
-    fields.update(overrides)
-    return RunRecord(**fields)
-
-
-def make_step(step_id: str = "intent", **overrides: Any) -> StepRecord:
-    """A completed step record with a nested, unicode output and an attempt log."""
-    fields: dict[str, Any] = {
-        "step_id": step_id,
-        "status": "completed",
-        "output": {"intent": "order_status", "text": _UNICODE, "scores": [0.9, 0.1]},
-        "attempts": 2,
-        "model": "primary",
-        "fallback": "local",
-        "allotted_ms": 1600.0,
-        "elapsed_ms": 420.5,
-        "started_at": 1_700_000_001.0,
-        "finished_at": 1_700_000_001.4205,
-        "attempt_log": [
-            AttemptRecord(attempt=1, model="primary", status="timeout", elapsed_ms=300.0),
-            AttemptRecord(attempt=2, model="local", status="ok", elapsed_ms=120.5),
-        ],
-        "waits_ms": {"model:primary": 0.25},
-    }
-    fields.update(overrides)
-    return StepRecord(**fields)
-
-
-def _progress(used: float, status: Any = "running", **overrides: Any) -> RunProgress:
-    return RunProgress(status=status, budget_used_ms=used, **overrides)
-
-
-def _lease(host: str, token: int = 0) -> OwnerLease:
-    return OwnerLease(host=host, pid=1000, token=token, expires_at=time.time() + 10)
-
-
-class StoreConformance:
-    """Tests every CheckpointStore must pass. Subclass it; see the module docstring."""
+class StoreConformance(ClaimConformance, ListingConformance, SignalConformance):
+    """Tests every CheckpointStore must pass (parking and signals: :mod:`.signal_conformance`
+    too). Subclass it; see the module docstring."""
 
     # -- hooks the concrete test class provides ------------------------------------------------
 
@@ -159,7 +102,7 @@ class StoreConformance:
         await store.create_run(run)
         loaded = await store.get_run("run-1")
         assert loaded == run
-        assert loaded.input["question"] == _UNICODE
+        assert loaded.input["question"] == UNICODE
         assert loaded.owner is not None
         assert loaded.owner.token == 1
         assert loaded.schema_version == run.schema_version
@@ -179,7 +122,7 @@ class StoreConformance:
         assert await store.get_run("run-1") == run
 
     async def test_owner_token_must_match_fencing_token(self, store: CheckpointStore) -> None:
-        run = make_run(owner=_lease("host-a", token=3), fencing_token=1)
+        run = make_run(owner=make_lease("host-a", token=3), fencing_token=1)
         with pytest.raises(CheckpointError, match=r"owner\.token"):
             await store.create_run(run)
         with pytest.raises(RunNotFound):
@@ -195,17 +138,38 @@ class StoreConformance:
         with pytest.raises(RunNotFound):
             await store.get_steps("nope")
         with pytest.raises(RunNotFound):
-            await store.commit("nope", 1, _progress(1.0), make_step())
+            await store.commit("nope", 1, make_progress(1.0), make_step())
         with pytest.raises(RunNotFound):
-            await store.claim("nope", 1, _lease("b"))
+            await store.claim("nope", 1, make_lease("b"))
         with pytest.raises(RunNotFound):
             await store.renew("nope", 1, time.time() + 5)
+
+    async def test_step_records_named_by_path_round_trip(self, store: CheckpointStore) -> None:
+        # Steps inside groups (switch, parallel, map) are recorded under their paths, and a
+        # switch's choice under `<path>#branch`: each is its own record, read back as written.
+        await store.create_run(make_run())
+        paths = [
+            "gather.kb.search",
+            "per_item[3].classify",
+            "per_item[12].inner[0].x",
+            "route.refund.policy",
+            "route#branch",
+            "route.order-status.answer",
+        ]
+        for number, path in enumerate(paths):
+            step = make_step(path, output={"path": path, "n": number})
+            await store.commit("run-1", 1, make_progress(float(number)), step)
+        steps = await store.get_steps("run-1")
+        assert sorted(steps) == sorted(paths)
+        for number, path in enumerate(paths):
+            assert steps[path].step_id == path
+            assert steps[path].output == {"path": path, "n": number}
 
     async def test_second_store_sees_the_same_runs(
         self, store: CheckpointStore, open_store: OpenStore
     ) -> None:
         await store.create_run(make_run())
-        await store.commit("run-1", 1, _progress(5.0), make_step())
+        await store.commit("run-1", 1, make_progress(5.0), make_step())
         other = await open_store()
         assert (await other.get_run("run-1")).budget_used_ms == 5.0
         assert set(await other.get_steps("run-1")) == {"intent"}
@@ -216,7 +180,7 @@ class StoreConformance:
         await store.create_run(make_run())
         assert await store.get_steps("run-1") == {}
         step = make_step()
-        progress = _progress(420.5, waits_ms={"user:u1": 2.0}, output={"partial": [1]})
+        progress = make_progress(420.5, waits_ms={"user:u1": 2.0}, output={"partial": [1]})
         await store.commit("run-1", 1, progress, step)
         run = await store.get_run("run-1")
         assert (run.status, run.budget_used_ms, run.output) == ("running", 420.5, {"partial": [1]})
@@ -228,41 +192,57 @@ class StoreConformance:
 
     async def test_commit_without_step_and_repeated(self, store: CheckpointStore) -> None:
         await store.create_run(make_run())
-        await store.commit("run-1", 1, _progress(1.0), make_step("a"))
-        await store.commit("run-1", 1, _progress(2.0))
+        await store.commit("run-1", 1, make_progress(1.0), make_step("a"))
+        await store.commit("run-1", 1, make_progress(2.0))
         # Sending the same commit twice (a retry) leaves the same state.
-        await store.commit("run-1", 1, _progress(3.0), make_step("b"))
-        await store.commit("run-1", 1, _progress(3.0), make_step("b"))
+        await store.commit("run-1", 1, make_progress(3.0), make_step("b"))
+        await store.commit("run-1", 1, make_progress(3.0), make_step("b"))
         assert (await store.get_run("run-1")).budget_used_ms == 3.0
         assert sorted(await store.get_steps("run-1")) == ["a", "b"]
 
     async def test_final_commit_releases_owner(self, store: CheckpointStore) -> None:
         await store.create_run(make_run())
-        final = _progress(900.0, "completed", output="done", release_owner=True)
+        final = make_progress(900.0, "completed", output="done", release_owner=True)
         await store.commit("run-1", 1, final, make_step("summary"))
         run = await store.get_run("run-1")
         assert (run.status, run.output, run.owner) == ("completed", "done", None)
         assert run.finished
         assert run.fencing_token == 1
 
+    async def test_a_final_status_is_final(self, store: CheckpointStore) -> None:
+        """With the same token, a retried final commit is harmless and nothing moves the run
+        out of its final status (a late release of a run whose final commit landed while its
+        reply was lost must not write it back as ``running``)."""
+        await store.create_run(make_run())
+        done = make_progress(5.0, "completed", output="done", release_owner=True)
+        await store.commit("run-1", 1, done, make_step("last"))
+        await store.commit("run-1", 1, done, make_step("last"))  # the retry
+        with pytest.raises(CheckpointError, match="completed") as info:
+            await store.commit("run-1", 1, make_progress(6.0, "running", release_owner=True))
+        assert not isinstance(info.value, FencedOut)
+        with pytest.raises(CheckpointError, match="completed"):
+            await store.commit("run-1", 1, make_progress(6.0, "failed", release_owner=True))
+        run = await store.get_run("run-1")
+        assert (run.status, run.output, run.budget_used_ms) == ("completed", "done", 5.0)
+
     async def test_budget_total_and_trace_kept_unless_given(self, store: CheckpointStore) -> None:
         await store.create_run(make_run())
         new_trace = {"trace_id": "1" * 32, "links": [{"trace_id": "2" * 32}]}
-        await store.commit("run-1", 1, _progress(1.0, budget_total_ms=9000.0, trace=new_trace))
-        await store.commit("run-1", 1, _progress(2.0))
+        await store.commit("run-1", 1, make_progress(1.0, budget_total_ms=9000.0, trace=new_trace))
+        await store.commit("run-1", 1, make_progress(2.0))
         run = await store.get_run("run-1")
         assert (run.budget_total_ms, run.trace, run.budget_used_ms) == (9000.0, new_trace, 2.0)
 
     async def test_fenced_commit_writes_nothing(self, store: CheckpointStore) -> None:
         await store.create_run(make_run())
-        await store.commit("run-1", 1, _progress(10.0), make_step("a"))
-        assert await store.claim("run-1", 1, _lease("host-b")) == 2
+        await store.commit("run-1", 1, make_progress(10.0), make_step("a"))
+        assert await store.claim("run-1", 1, make_lease("host-b")) == 2
         with pytest.raises(FencedOut, match="token is now 2"):
-            await store.commit("run-1", 1, _progress(99.0, "completed"), make_step("b"))
+            await store.commit("run-1", 1, make_progress(99.0, "completed"), make_step("b"))
         run = await store.get_run("run-1")
         assert (run.budget_used_ms, run.status) == (10.0, "running")
         assert set(await store.get_steps("run-1")) == {"a"}
-        await store.commit("run-1", 2, _progress(11.0), make_step("b"))  # the new owner may
+        await store.commit("run-1", 2, make_progress(11.0), make_step("b"))  # the new owner may
         assert set(await store.get_steps("run-1")) == {"a", "b"}
 
     async def test_oversized_records_refused_and_nothing_written(
@@ -276,89 +256,12 @@ class StoreConformance:
             await store.get_run("big")
         await store.create_run(make_run())
         with pytest.raises(RecordTooLarge, match="step 'a'"):
-            await store.commit("run-1", 1, _progress(5.0), make_step("a", output=big))
+            await store.commit("run-1", 1, make_progress(5.0), make_step("a", output=big))
         # A small step with an oversized progress is refused whole: the step is not written.
         with pytest.raises(RecordTooLarge, match="progress"):
-            await store.commit("run-1", 1, _progress(5.0, output=big), make_step("b"))
+            await store.commit("run-1", 1, make_progress(5.0, output=big), make_step("b"))
         assert await store.get_steps("run-1") == {}
         assert (await store.get_run("run-1")).budget_used_ms == 0.0
-
-    # -- claim / renew -----------------------------------------------------------------------------
-
-    async def test_claim_sets_owner_and_token(self, store: CheckpointStore) -> None:
-        await store.create_run(make_run())
-        lease = _lease("host-b", token=2)
-        assert await store.claim("run-1", 1, lease) == 2
-        assert lease.token == 2
-        run = await store.get_run("run-1")
-        assert run.fencing_token == 2
-        assert run.owner == lease
-
-    async def test_concurrent_claims_exactly_one_wins(
-        self, store: CheckpointStore, open_store: OpenStore
-    ) -> None:
-        await store.create_run(make_run())
-        others = [await open_store() for _ in range(4)]
-        results = await asyncio.gather(
-            *(s.claim("run-1", 1, _lease(f"host-{i}")) for i, s in enumerate(others)),
-            return_exceptions=True,
-        )
-        winners = [r for r in results if r == 2]
-        losers = [r for r in results if isinstance(r, FencedOut)]
-        assert (len(winners), len(losers)) == (1, 3), results
-        owner = (await store.get_run("run-1")).owner
-        assert owner is not None
-        assert owner.host == f"host-{results.index(2)}"
-
-    async def test_completed_run_cannot_be_claimed(self, store: CheckpointStore) -> None:
-        await store.create_run(make_run())
-        await store.commit("run-1", 1, _progress(5.0, "completed", release_owner=True))
-        with pytest.raises(CheckpointError, match="completed") as info:
-            await store.claim("run-1", 1, _lease("host-b"))
-        assert not isinstance(info.value, FencedOut)
-        assert (await store.get_run("run-1")).fencing_token == 1
-
-    async def test_partial_run_can_be_claimed_again(self, open_store: OpenStore) -> None:
-        store = await open_store(record_ttl_s=0.3)
-        await store.create_run(make_run())
-        await store.commit("run-1", 1, _progress(5.0, "partial", release_owner=True))
-        assert await store.claim("run-1", 1, _lease("host-b")) == 2
-        assert (await store.get_run("run-1")).status == "running"
-        await asyncio.sleep(0.5)  # past the TTL of finished runs: a claimed run no longer expires
-        assert (await store.get_run("run-1")).fencing_token == 2
-
-    async def test_renew(self, store: CheckpointStore) -> None:
-        await store.create_run(make_run())
-        later = time.time() + 60
-        await store.renew("run-1", 1, later)
-        owner = (await store.get_run("run-1")).owner
-        assert owner is not None
-        assert owner.expires_at == later
-        await store.claim("run-1", 1, _lease("host-b"))
-        with pytest.raises(FencedOut):
-            await store.renew("run-1", 1, later + 1)
-        await store.commit("run-1", 2, _progress(1.0, "failed", release_owner=True))
-        with pytest.raises(FencedOut, match="no owner lease"):
-            await store.renew("run-1", 2, later + 1)
-
-    # -- listing -----------------------------------------------------------------------------------
-
-    async def test_list_runs_newest_first_with_filter_and_limit(
-        self, store: CheckpointStore
-    ) -> None:
-        for i in range(5):
-            await store.create_run(make_run(f"r{i}", created_at=1000.0 + i))
-        await store.commit("r1", 1, _progress(1.0, "completed", release_owner=True))
-        await store.commit("r3", 1, _progress(1.0, "completed", release_owner=True))
-        assert [r.run_id for r in await store.list_runs()] == ["r4", "r3", "r2", "r1", "r0"]
-        assert [r.run_id for r in await store.list_runs(limit=2)] == ["r4", "r3"]
-        completed = await store.list_runs(status="completed")
-        assert [r.run_id for r in completed] == ["r3", "r1"]
-        assert {r.status for r in completed} == {"completed"}
-        running = await store.list_runs(status="running", limit=2)
-        assert [r.run_id for r in running] == ["r4", "r2"]
-        assert await store.list_runs(status="failed") == []
-        assert await store.list_runs(limit=0) == []
 
     # -- bad records -------------------------------------------------------------------------------
 
@@ -374,7 +277,7 @@ class StoreConformance:
 
     async def test_corrupt_step_record(self, store: CheckpointStore) -> None:
         await store.create_run(make_run())
-        await store.commit("run-1", 1, _progress(1.0), make_step("a"))
+        await store.commit("run-1", 1, make_progress(1.0), make_step("a"))
         await self.corrupt(store, "run-1", "\x00garbage", step_id="a")
         with pytest.raises(CorruptRecord, match="step 'a' of run 'run-1'"):
             await store.get_steps("run-1")
@@ -388,45 +291,7 @@ class StoreConformance:
             await store.get_run("run-1")
         await store.create_run(make_run("run-2"))
         step = make_step("a").model_dump(mode="json", by_alias=True) | {"schema": 7}
-        await store.commit("run-2", 1, _progress(1.0), make_step("a"))
+        await store.commit("run-2", 1, make_progress(1.0), make_step("a"))
         await self.corrupt(store, "run-2", json.dumps(step), step_id="a")
         with pytest.raises(CorruptRecord, match="schema 7"):
             await store.get_steps("run-2")
-
-    # -- expiry ------------------------------------------------------------------------------------
-
-    async def test_finished_runs_expire_running_runs_stay(self, open_store: OpenStore) -> None:
-        store = await open_store(record_ttl_s=0.3)
-        await store.create_run(make_run("done", created_at=1.0))
-        await store.create_run(make_run("alive", created_at=2.0))
-        await store.commit("done", 1, _progress(1.0), make_step("a"))
-        await store.commit("done", 1, _progress(2.0, "completed", release_owner=True))
-        await store.commit("alive", 1, _progress(1.0), make_step("a"))
-        assert (await store.get_run("done")).status == "completed"  # not yet
-        await asyncio.sleep(0.6)
-        with pytest.raises(RunNotFound):
-            await store.get_run("done")
-        with pytest.raises(RunNotFound):
-            await store.get_steps("done")
-        assert [r.run_id for r in await store.list_runs()] == ["alive"]
-        assert set(await store.get_steps("alive")) == {"a"}
-        # The id of an expired run is free again, without its old steps.
-        await store.create_run(make_run("done"))
-        assert await store.get_steps("done") == {}
-
-    # -- load --------------------------------------------------------------------------------------
-
-    async def test_many_concurrent_commits(self, store: CheckpointStore) -> None:
-        runs, steps = 20, 8
-        await asyncio.gather(*(store.create_run(make_run(f"c{i}")) for i in range(runs)))
-
-        async def drive(i: int) -> None:
-            for k in range(steps):
-                await store.commit(f"c{i}", 1, _progress(float(k)), make_step(f"s{k}"))
-            await store.commit(f"c{i}", 1, _progress(99.0, "completed", output=i))
-
-        await asyncio.gather(*(drive(i) for i in range(runs)))
-        for i in range(runs):
-            run = await store.get_run(f"c{i}")
-            assert (run.status, run.output, run.budget_used_ms) == ("completed", i, 99.0)
-            assert sorted(await store.get_steps(f"c{i}")) == [f"s{k}" for k in range(steps)]

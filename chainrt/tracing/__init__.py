@@ -1,4 +1,4 @@
-"""Tracing to Jaeger (or any OTLP receiver) through OpenTelemetry (DESIGN §8).
+"""Tracing to Jaeger (or any OTLP receiver) through OpenTelemetry (docs/tracing.md).
 
 Tracing is on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or
 ``OTEL_TRACES_EXPORTER``) is set, or when it is forced (``chainrt run --trace``,
@@ -147,11 +147,11 @@ def tracer_provider_from_env(service_name: str, *, force: bool = False) -> Trace
                 if force:
                     raise ChainRTError(
                         f"tracing needs OpenTelemetry ({exc.name} is missing): "
-                        "pip install 'chainrt[otel]'"
+                        "pip install -e '.[otel]' in the chainrt repository"
                     ) from exc
                 log.warning(
                     "OTEL_* variables ask for tracing but OpenTelemetry is not installed "
-                    "(pip install 'chainrt[otel]'); tracing is off"
+                    "(pip install -e '.[otel]' in the chainrt repository); tracing is off"
                 )
                 return None
             _providers[key] = provider
@@ -205,7 +205,7 @@ def _build_provider(service_name: str, config: TraceConfig) -> TracerProvider:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-    from .. import __version__
+    from .._version import __version__
 
     detected = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, sdk info
     defaults: dict[str, Any] = {}

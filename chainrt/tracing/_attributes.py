@@ -1,4 +1,4 @@
-"""Every span name and attribute name chainrt emits, in one place (DESIGN §8).
+"""Every span name and attribute name chainrt emits, in one place (docs/tracing.md).
 
 Names under ``chainrt.*`` are chainrt's own. Where OpenTelemetry's semantic conventions have a
 name for the same thing, that name is used instead: ``gen_ai.*`` for model calls (requested model,
@@ -17,12 +17,16 @@ from typing import Final
 
 __all__ = [
     "ADMISSION",
+    "AGENT_FINAL",
+    "AGENT_TOOL",
     "ALLOTTED_MS",
     "ATTEMPT",
     "ATTEMPTS",
     "ATTEMPT_MS",
+    "BRANCH",
     "BUDGET_MS",
     "CHAIN",
+    "COST",
     "DEADLINE_MS",
     "ENDPOINT",
     "ENGINE",
@@ -39,14 +43,17 @@ __all__ = [
     "GEN_AI_SYSTEM",
     "GEN_AI_USAGE_INPUT_TOKENS",
     "GEN_AI_USAGE_OUTPUT_TOKENS",
+    "GROUP",
     "HEDGE",
     "HTTP_REQUEST_METHOD",
     "HTTP_RESPONSE_STATUS_CODE",
     "HTTP_ROUTE",
+    "ITEM_INDEX",
     "KEY",
     "KEYS",
     "LINK_KIND",
     "MODEL",
+    "PATH",
     "PRIORITY",
     "REQUEST_ID",
     "RESUMED",
@@ -54,13 +61,20 @@ __all__ = [
     "SERVER_ADDRESS",
     "SERVER_PORT",
     "SPAN_ACQUIRE",
+    "SPAN_AGENT_CALL",
+    "SPAN_AGENT_TURN",
+    "SPAN_BRANCH",
     "SPAN_CHECKPOINT",
     "SPAN_DISPATCH",
+    "SPAN_ITEM",
     "SPAN_RUN",
     "SPAN_STEP",
     "STATUS",
     "STEP_ID",
     "STEP_KIND",
+    "TOKENS_CACHED",
+    "TOKENS_COMPLETION",
+    "TOKENS_PROMPT",
     "URL_PATH",
     "USED_MS",
     "WAITED_MS",
@@ -80,6 +94,17 @@ SPAN_CHECKPOINT: Final = "checkpoint.write"
 """One atomic checkpoint commit (step record + run progress)."""
 SPAN_DISPATCH: Final = "llm.dispatch"
 """One attempt of an LLM call on one model (CLIENT span; the worker's span is its child)."""
+SPAN_BRANCH: Final = "chain.branch"
+"""One branch of a ``switch`` or ``parallel`` group (under the group's ``chain.step``; its
+inner steps' ``chain.step`` spans under it)."""
+SPAN_ITEM: Final = "chain.item"
+"""One item of a ``map`` group (under the group's ``chain.step``)."""
+SPAN_AGENT_TURN: Final = "agent.turn"
+"""One model turn of an ``agent`` step that runs (not a replayed one), under the step's
+``chain.step``; its ``llm.dispatch`` attempts under it."""
+SPAN_AGENT_CALL: Final = "agent.call"
+"""One tool call of an ``agent`` step that runs (not a replayed one), under the step's
+``chain.step``; ``concurrency.acquire`` for the tool's own keys under it."""
 
 
 def worker_span_name(path: str, method: str = "POST") -> str:
@@ -110,6 +135,19 @@ ATTEMPTS: Final = "chainrt.attempts"
 """Attempts a step made in all (retries and fallbacks included)."""
 FALLBACK: Final = "chainrt.fallback"
 """The fallback model that answered, when it was not the primary."""
+PATH: Final = "chainrt.path"
+"""On ``chain.branch`` / ``chain.item``: the branch's path (``gather.kb``, ``per_item[3]``), the
+prefix of its inner steps' ``chainrt.step_id`` (an inner step's id is its path)."""
+GROUP: Final = "chainrt.group"
+"""On ``chain.branch`` / ``chain.item``: the group's path."""
+BRANCH: Final = "chainrt.branch"
+"""On ``chain.branch``: the branch's name (a switch case, a parallel branch)."""
+ITEM_INDEX: Final = "chainrt.item_index"
+"""On ``chain.item``: the item's index in the map's list."""
+AGENT_TOOL: Final = "chainrt.tool"
+"""On ``agent.call``: the tool the model named."""
+AGENT_FINAL: Final = "chainrt.final"
+"""On ``agent.turn``: true for the last turn, offered no tools (it asks for the answer)."""
 LINK_KIND: Final = "chainrt.link"
 """On a span link: why it links (``resumed_from``)."""
 
@@ -138,6 +176,15 @@ HEDGE: Final = "chainrt.hedge"
 """True on the ``llm.dispatch`` span of a hedged attempt (``llm.hedge``: started because the
 attempt before it was slow); the attempt that lost the race ends with ``chainrt.status`` =
 ``cancelled``."""
+TOKENS_PROMPT: Final = "chainrt.tokens.prompt"
+"""Prompt tokens of a step or run (the sum of its attempts'; on ``llm.dispatch`` the attempt's
+own are ``gen_ai.usage.input_tokens``)."""
+TOKENS_COMPLETION: Final = "chainrt.tokens.completion"
+"""Completion tokens of a step or run (an attempt's: ``gen_ai.usage.output_tokens``)."""
+TOKENS_CACHED: Final = "chainrt.tokens.cached"
+"""Prompt tokens the server served from its cache (attempt, step or run; when reported)."""
+COST: Final = "chainrt.cost"
+"""What the tokens cost at the pool's ``price`` (attempt, step or run; when priced)."""
 ENDPOINT: Final = "chainrt.endpoint"
 """The worker endpoint URL an attempt went to (``in-process`` for the local model)."""
 DEADLINE_MS: Final = "chainrt.deadline_ms"

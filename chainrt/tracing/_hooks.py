@@ -196,7 +196,7 @@ class OtelHooks(Hooks):
         flush_timeout_s: float = 5.0,
         delivery: ReportingExporter | None = None,
     ) -> None:
-        from .. import __version__
+        from .._version import __version__
 
         self.provider = provider
         self.exporter = exporter

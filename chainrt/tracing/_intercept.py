@@ -4,11 +4,15 @@ As the Temporal SDK's ``TracingInterceptor`` does, tracing here wraps what the r
 from — once, in :func:`chainrt._runtime.open_runtime` and :func:`chainrt.dispatch.make_dispatcher`
 — and the runner and dispatcher never name a span:
 
-    TracingInterceptor  chain.run (one execution of a run), chain.step (one step)
+    TracingInterceptor  chain.run (one execution of a run), chain.step (one step),
+                        chain.branch / chain.item (a group's branch or map item),
+                        agent.turn / agent.call (an agent step's model turn or tool call)
     TracedStore         checkpoint.write (each atomic commit)
     TracedLimiter       concurrency.acquire (each wait for keys)
     TracedBackend       llm.dispatch (each attempt on a model; CLIENT span), whose context goes
-                        to the worker as the call's ``traceparent``
+                        to the worker as the call's ``traceparent`` (in :mod:`._backend`, so
+                        that dispatch can wrap its backends without importing the runner's
+                        interceptor)
 
 Every span opens as a child of the current one (a context variable), so the tree follows the
 call tree: ``chain.run`` › ``chain.step`` › ``concurrency.acquire`` / ``llm.dispatch`` (› the
@@ -21,37 +25,37 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ChainRTError, ConcurrencyRejected
 from .._hooks import Hooks
-from .._result import RunResult
-from .._run import RunCall, RunInterceptor, RunStart, StepCall, StepStart
-from ..concurrency import Holding, KeyRequest, KeyState, Limiter
-from ..dispatch._backend import BackendAnswer, BackendError, ModelBackend, TextSink
-from ..dispatch._hops import answer_hops
-from ..dispatch._latency import Sample
-from ..dispatch._types import LlmCall
-from ..store._protocol import CheckpointStore
-from ..store._records import (
+from .._records import (
     FINAL_STEP_STATUSES,
     OwnerLease,
     RunProgress,
     RunRecord,
     RunStatus,
     StepRecord,
+    TokenUsage,
 )
-from ..store._url import redact_text
+from .._result import RunResult, step_usage
+from .._run import BranchCall, BranchStart, RunCall, RunInterceptor, RunStart, StepCall, StepStart
+from .._run._intercept import AgentPart, AgentPartCall
+from ..concurrency import Holding, KeyRequest, KeyState, Limiter
+from ..store._answers import AnswerCache
+from ..store._protocol import CheckpointStore
+from ..store._signals import KeptSignal, SignalRecord
 from . import _attributes as attr
+from ._backend import delegate
+
+if TYPE_CHECKING:
+    from .._run._flow import Ended
 
 __all__ = [
-    "TracedBackend",
     "TracedLimiter",
     "TracedStore",
     "TracingInterceptor",
-    "trace_backends",
 ]
 
 
@@ -79,6 +83,7 @@ class TracingInterceptor(RunInterceptor):
                 run = dataclasses.replace(run, trace={**ids, "resumed_from": run.links})
             result = await call_next(run)
             span.set(**{attr.STATUS: result.status, attr.USED_MS: result.budget.used_ms})
+            span.set(**_usage_attributes(result.usage))
         return result
 
     async def execute_step(self, step: StepStart, call_next: StepCall) -> StepRecord:
@@ -101,9 +106,60 @@ class TracingInterceptor(RunInterceptor):
                     attr.ATTEMPTS: record.attempts,
                 }
             )
+            span.set(**_usage_attributes(step_usage(record)))
             if record.error and record.status not in FINAL_STEP_STATUSES:
                 span.error(ChainRTError(record.error))
         return record
+
+    async def execute_branch(self, branch: BranchStart, call_next: BranchCall) -> Ended:
+        """Open ``chain.branch`` (a switch or parallel branch) or ``chain.item`` (a map item)."""
+        item = branch.kind == "item"
+        attributes: dict[str, Any] = {
+            attr.RUN_ID: branch.run_id,
+            attr.PATH: branch.path,
+            attr.GROUP: branch.group,
+        }
+        attributes[attr.ITEM_INDEX if item else attr.BRANCH] = (
+            int(branch.name) if item else branch.name
+        )
+        with self.hooks.span(attr.SPAN_ITEM if item else attr.SPAN_BRANCH, attributes) as span:
+            try:
+                ended = await call_next(branch)
+            except asyncio.CancelledError:  # join any / a quorum met, or the deadline's cut
+                span.set(**{attr.STATUS: "cancelled"})
+                raise
+            span.set(**{attr.STATUS: ended.stop or "completed"})
+            if ended.stop is not None:
+                span.error(ChainRTError(f"step {ended.stopped_at}: {ended.error or ended.stop}"))
+        return ended
+
+    async def execute_agent_part(self, part: AgentPart, call_next: AgentPartCall) -> AgentPart:
+        """Open ``agent.turn`` (a model turn) or ``agent.call`` (a tool call) of an agent step;
+        one that ended neither completed nor waiting for its approval marks its span failed."""
+        turn = part.kind == "turn"
+        attributes: dict[str, Any] = {
+            attr.RUN_ID: part.run_id,
+            attr.STEP_ID: part.step,
+            attr.PATH: part.path,
+        }
+        if turn:
+            attributes[attr.AGENT_FINAL] = part.final
+        else:
+            attributes[attr.AGENT_TOOL] = part.tool
+        with self.hooks.span(
+            attr.SPAN_AGENT_TURN if turn else attr.SPAN_AGENT_CALL, attributes
+        ) as span:
+            try:
+                ended = await call_next(part)
+            except asyncio.CancelledError:  # the step's deadline, or a group's join met
+                span.set(**{attr.STATUS: "cancelled"})
+                raise
+            span.set(**{attr.STATUS: ended.status, attr.ATTEMPTS: ended.attempts})
+            if turn:
+                span.set(**{attr.MODEL: ended.model, attr.AGENT_FINAL: ended.final})
+            if ended.error and ended.status not in ("completed", "waiting"):
+                span.error(ChainRTError(f"{part.path}: {ended.error}"))
+        return ended
 
 
 class TracedStore(CheckpointStore):
@@ -145,23 +201,36 @@ class TracedStore(CheckpointStore):
         """Passed through."""
         await self.inner.renew(run_id, token, expires_at)
 
+    async def put_signal(self, run_id: str, signal: SignalRecord) -> KeptSignal:
+        """Passed through."""
+        return await self.inner.put_signal(run_id, signal)
+
+    async def get_signal(self, run_id: str, name: str) -> SignalRecord | None:
+        """Passed through."""
+        return await self.inner.get_signal(run_id, name)
+
     async def list_runs(
         self,
         status: RunStatus | None = None,
         limit: int = 100,
         *,
         before: tuple[float, str] | None = None,
+        chain: str | None = None,
     ) -> list[RunRecord]:
         """Passed through."""
-        return await self.inner.list_runs(status, limit, before=before)
+        return await self.inner.list_runs(status, limit, before=before, chain=chain)
 
     async def close(self) -> None:
         """Passed through."""
         await self.inner.close()
 
+    def answer_cache(self) -> AnswerCache:
+        """The inner store's (in Redis or the SQLite file, as without tracing)."""
+        return self.inner.answer_cache()
+
     def __getattr__(self, name: str) -> Any:
         # What a particular store offers beyond the protocol stays reachable through the wrapper.
-        return _delegate(self, name)
+        return delegate(self, name)
 
 
 class TracedLimiter(Limiter):
@@ -196,118 +265,16 @@ class TracedLimiter(Limiter):
         await self.inner.close()
 
     def __getattr__(self, name: str) -> Any:
-        return _delegate(self, name)
+        return delegate(self, name)
 
 
-class TracedBackend(ModelBackend):
-    """A model backend whose attempts are ``llm.dispatch`` CLIENT spans.
-
-    The attempt's call goes on with the span's ``traceparent``, so the worker's server span is
-    the attempt's child. The span tells what the backend returned (endpoint, tokens, ``ok`` or
-    ``deadline``) or how it failed; the dispatcher's verdict on the answer's content (a JSON
-    step's invalid output) is in the step's attempt log.
-    """
-
-    def __init__(self, inner: ModelBackend, hooks: Hooks) -> None:
-        self.inner = inner
-        self.hooks = hooks
-
-    async def complete(
-        self,
-        call: LlmCall,
-        model: str,
-        max_tokens: int,
-        deadline: float,
-        *,
-        avoid: frozenset[str] = frozenset(),
-        on_text: TextSink | None = None,
-    ) -> BackendAnswer:
-        """One attempt inside its span."""
-        attributes = {
-            attr.RUN_ID: call.run_id,
-            attr.STEP_ID: call.step_id,
-            attr.MODEL: model,
-            attr.ATTEMPT: call.attempt,
-            # Same meaning as on chain.step: the fallback model's name, absent on the primary.
-            attr.FALLBACK: model if model != call.model else None,
-            attr.GEN_AI_REQUEST_MODEL: model,
-            attr.ATTEMPT_MS: round((deadline - time.time()) * 1000, 3),
-            attr.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
-            attr.HEDGE: True if call.not_endpoint is not None else None,
-        }
-        started = time.perf_counter()
-        with self.hooks.span(attr.SPAN_DISPATCH, attributes) as span:
-            traceparent = self.hooks.traceparent() or call.traceparent
-            call = dataclasses.replace(call, traceparent=traceparent)
-            try:
-                got = await self.inner.complete(
-                    call, model, max_tokens, deadline, avoid=avoid, on_text=on_text
-                )
-            except BackendError as exc:
-                span.error(exc)
-                endpoint = redact_text(exc.endpoint) if exc.endpoint else exc.endpoint
-                span.set(**{attr.ENDPOINT: endpoint, attr.STATUS: exc.error_class})
-                raise
-            except asyncio.CancelledError:  # a hedge's loser, or the step was cancelled
-                span.set(**{attr.STATUS: "cancelled"})
-                raise
-            span.set(
-                **{
-                    attr.ENDPOINT: redact_text(got.endpoint) if got.endpoint else got.endpoint,
-                    attr.STATUS: "deadline" if got.finish_reason == "deadline" else "ok",
-                    attr.GEN_AI_USAGE_INPUT_TOKENS: got.prompt_tokens,
-                    attr.GEN_AI_USAGE_OUTPUT_TOKENS: got.completion_tokens,
-                }
-            )
-            hops = answer_hops(got, (time.perf_counter() - started) * 1000)
-            span.set(
-                **{attr.CONFIDENCE: hops["confidence"]},
-                **{attr.HOP_PREFIX + name: ms for name, ms in (hops["hops_ms"] or {}).items()},
-            )
-        return got
-
-    def available(self) -> bool:
-        """Passed through."""
-        return self.inner.available()
-
-    def usable_elsewhere(self, avoid: frozenset[str]) -> bool:
-        """Passed through."""
-        return self.inner.usable_elsewhere(avoid)
-
-    def usable_count(self, avoid: frozenset[str]) -> int:
-        """Passed through."""
-        return self.inner.usable_count(avoid)
-
-    def why_unavailable(self) -> str:
-        """Passed through."""
-        return self.inner.why_unavailable()
-
-    async def prepare(self) -> None:
-        """Passed through."""
-        await self.inner.prepare()
-
-    def baseline(self) -> tuple[Sample, ...]:
-        """Passed through."""
-        return self.inner.baseline()
-
-    def context_window(self) -> int | None:
-        """Passed through."""
-        return self.inner.context_window()
-
-    async def close(self) -> None:
-        """Passed through."""
-        await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return _delegate(self, name)
-
-
-def _delegate(wrapper: Any, name: str) -> Any:
-    if name == "inner":  # not set yet (a half-built copy): never recurse
-        raise AttributeError(name)
-    return getattr(wrapper.inner, name)
-
-
-def trace_backends(backends: Mapping[str, ModelBackend], hooks: Hooks) -> dict[str, ModelBackend]:
-    """Every backend of ``backends`` wrapped in a :class:`TracedBackend`."""
-    return {name: TracedBackend(backend, hooks) for name, backend in backends.items()}
+def _usage_attributes(usage: TokenUsage | None) -> dict[str, Any]:
+    """The token attributes of a step or run span (none when no usage was reported)."""
+    if usage is None:
+        return {}
+    return {
+        attr.TOKENS_PROMPT: usage.prompt_tokens,
+        attr.TOKENS_COMPLETION: usage.completion_tokens,
+        attr.TOKENS_CACHED: usage.cached_tokens,
+        attr.COST: usage.cost,
+    }

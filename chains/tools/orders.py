@@ -39,9 +39,16 @@ def _tool_name(selection: Any) -> str | None:
     return None
 
 
-def lookup_order(question: str, intent: Any = None, selection: Any = None) -> dict[str, Any]:
-    """Find the order the question is about; small models make mistakes, so the question's own
-    digits back up the parsed intent. Returns a JSON-ready record."""
+def lookup_order(
+    question: str, user_id: str, intent: Any = None, selection: Any = None
+) -> dict[str, Any]:
+    """Find the order the question is about, among the orders of customer ``user_id`` only;
+    small models make mistakes, so the question's own digits back up the parsed intent.
+    Returns a JSON-ready record.
+
+    Another customer's order is not found, with the very words of an order that does not exist:
+    the answer tells nothing of it, not even that it exists.
+    """
     # The question's own words decide: a small model's intent label is a hint, not a fact.
     wants_refund = any(w in question.lower() for w in _REFUND_WORDS)
     order_id = _order_id(question, intent)
@@ -51,13 +58,32 @@ def lookup_order(question: str, intent: Any = None, selection: Any = None) -> di
         record["note"] = "no order number in the question"
     else:
         order = _load().get(order_id)
-        record["found"] = order is not None
-        if order is not None:
+        mine = order is not None and order.get("customer") == user_id
+        record["found"] = mine
+        if order is not None and mine:
             record.update({k: v for k, v in order.items() if k != "customer"})
         else:
-            record["note"] = f"no order {order_id}"
+            record["note"] = f"no order {order_id} on your account"
     if wants_refund:
         record["refund_policy"] = REFUND_POLICY
+    record["facts"] = _facts(record)
+    return record
+
+
+def refund_policy() -> str:
+    """The refund policy, looked up beside the order when the customer asks about a refund."""
+    return REFUND_POLICY
+
+
+def with_policy(order: dict[str, Any], policy: Any) -> dict[str, Any]:
+    """The order record with the looked-up refund ``policy`` in it and its facts written again.
+
+    The question's own words still decide (see :func:`lookup_order`): a model's ``refund`` label
+    on a plain status question adds no policy to the answer.
+    """
+    if "refund_policy" not in order or not isinstance(policy, str) or not policy.strip():
+        return order
+    record = {**order, "refund_policy": policy.strip()}
     record["facts"] = _facts(record)
     return record
 
@@ -84,7 +110,7 @@ def _facts(record: dict[str, Any]) -> str:
             text += f" and should arrive on {record['eta']}"
         text += "."
     if record.get("refund_policy"):
-        text += " " + REFUND_POLICY
+        text += " " + str(record["refund_policy"])
     return text
 
 
@@ -147,13 +173,16 @@ _PROMPT_ECHO = ("facts:", "customer question", "repeat the status", "sender:", "
 def checked_answer(answer: Any, order: dict[str, Any]) -> dict[str, Any]:
     """The model's answer when it states every fact of ``order``, else one built from the facts.
 
-    Returns ``{"answer": ..., "source": "model" | "template", "missing": [...]}``: what the
-    model's answer lacked is kept, so a run record shows why it was replaced.
+    Returns ``{"answer": ..., "source": "model" | "static" | "template", "missing": [...]}``:
+    what the model's answer lacked is kept, so a run record shows why it was replaced.
+    ``static``: the answer is the ``summary`` step's static answer (the order's facts sentence,
+    word for word: what the step gives when no model answered in time), not a model's.
     """
     text = answer.strip() if isinstance(answer, str) else ""
     missing = answer_misses(text, order) if text else ["an answer"]
     if not missing:
-        return {"answer": text, "source": "model", "missing": []}
+        static = text == str(order.get("facts") or "").strip()
+        return {"answer": text, "source": "static" if static else "model", "missing": []}
     return {"answer": _template(order), "source": "template", "missing": missing}
 
 

@@ -1,4 +1,4 @@
-"""The worker HTTP service: an OpenAI-compatible API over one engine (DESIGN §6).
+"""The worker HTTP service: an OpenAI-compatible API over one engine (docs/workers.md).
 
     from workers.server import WorkerConfig, create_app
     app = create_app(engine, WorkerConfig(watermark=0.85, slots=1))   # a Starlette app

@@ -22,8 +22,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from chainrt.engines import MemoryStats
 from chainrt.wire import PRIORITIES
-from workers.engines import MemoryStats
 
 __all__ = [
     "PRIORITIES",

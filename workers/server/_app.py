@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from workers.engines import Engine
+from chainrt.engines import Engine, create_engine
 
 from ._admission import AdmissionQueue
 from ._config import WorkerConfig
@@ -205,9 +205,7 @@ def _same_kind(engine: Engine) -> EngineFactory:
     """Reload factory: a new engine of ``engine``'s kind (what ``chainrt-worker serve`` makes)."""
 
     def build(model: str | None, name: str | None) -> Engine:
-        from workers.cli import make_engine
-
-        return make_engine(engine.name, model, served_model_name=name)
+        return create_engine(engine.name, model, model_name=name)
 
     return build
 

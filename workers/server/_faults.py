@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.engines import EngineFaults
+from chainrt.engines import EngineFaults
 
 __all__ = ["FaultInjector", "FaultsRequest", "InjectedError"]
 

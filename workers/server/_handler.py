@@ -17,13 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from chainrt import wire
-from chainrt.errors import EngineDead, EngineOOM, WorkerError
-from workers.engines import (
+from chainrt.engines import (
     ContextLengthExceeded,
     Engine,
     GenerationRequest,
     GenerationResult,
 )
+from chainrt.errors import EngineDead, EngineOOM, WorkerError
 
 from ._admission import (
     AdmissionQueue,

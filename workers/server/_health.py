@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from chainrt.engines import ChatMessage, Engine, GenerationRequest
 from chainrt.errors import EngineDead, EngineOOM
-from workers.engines import ChatMessage, Engine, GenerationRequest
 
 from ._metrics import WorkerMetrics
 

@@ -6,9 +6,10 @@ Request models validate strictly the fields the worker uses (wrong types are a 4
 few that would change the meaning of the answer (``n > 1``, ``functions``, logprobs, echo, a
 non-empty ``logit_bias``) are refused; the ignored ones are listed in ``docs/workers.md``.
 ``response_format`` (``json_object``, ``json_schema``) and ``tools`` / ``tool_choice`` are served
-by constrained decoding (:mod:`workers.engines._schema`): a schema that is not a valid
+by constrained decoding (:mod:`chainrt.toolcalls`): a schema that is not a valid
 JSON Schema is a 400 naming where it is wrong. Response bodies are built in
-:mod:`workers.server._responses` (re-exported here).
+:mod:`workers.server._responses` (re-exported here), except :func:`chat_answer`, which reads the
+request.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from chainrt.wire import error_body
-from workers.engines import (
-    ChatMessage,
+from chainrt.engines import ChatMessage, GenerationResult
+from chainrt.toolcalls import (
     InvalidSchema,
     ToolSpec,
     check_json_schema,
+    parse_tool_answer,
     tool_call_schema,
     tools_instruction,
 )
+from chainrt.wire import error_body
 
 from ._responses import (
-    chat_answer,
     chat_chunk,
     chat_response,
     completion_chunk,
@@ -103,7 +104,7 @@ class Message(BaseModel):
     def text(self) -> str:
         """The content as one string (text parts joined; earlier tool calls as their JSON)."""
         if self.tool_calls:
-            # The form the model produced them in (workers.engines.tool_call_schema).
+            # The form the model produced them in (chainrt.toolcalls.tool_call_schema).
             return "\n".join(
                 json.dumps({"name": c.function.name, "arguments": _arguments(c.function)})
                 for c in self.tool_calls
@@ -300,6 +301,16 @@ class CompletionRequest(_Common):
     def text(self) -> str:
         """The prompt as one string."""
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def chat_answer(
+    rid: str, parsed: ChatCompletionRequest, result: GenerationResult
+) -> dict[str, Any]:
+    """The ``chat.completion`` for ``parsed``: tool calls decoded when tools were offered."""
+    if parsed.tool_schema() is None:
+        return chat_response(rid, parsed.model, result)
+    content, calls = parse_tool_answer(result.text, parsed.tool_specs())
+    return chat_response(rid, parsed.model, result, content=content, tool_calls=calls)
 
 
 class InvalidBody(ValueError):

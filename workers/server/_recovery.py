@@ -15,8 +15,8 @@ import logging
 import math
 import time
 
+from chainrt.engines import Engine
 from chainrt.errors import EngineDead, EngineOOM
-from workers.engines import Engine
 
 from ._health import HealthMonitor
 from ._metrics import WorkerMetrics

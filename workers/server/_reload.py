@@ -5,7 +5,7 @@ once its slot is granted and keeps that engine until its answer ends, so a swap 
 request that already started. :class:`ReloadManager` builds the new engine with the worker's
 engine factory, loads it while the old one keeps serving, runs the readiness generation on it,
 then swaps: requests that take their lease from then on get the new engine. The old engine is
-retired (:meth:`~workers.engines.Engine.retire`): requests leased on it whose generation had not
+retired (:meth:`~chainrt.engines.Engine.retire`): requests leased on it whose generation had not
 started yet (queued behind the one it is generating) are handed back and run on the new engine
 (:func:`generate_on`, :func:`stream_on`), so only generations already under way finish on the
 old one, which is closed once its last lease is released. Readiness never changes. A new engine
@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chainrt.engines import Engine, EngineRetired, GenerationRequest, GenerationResult, StreamDelta
 from chainrt.errors import EngineOOM, WorkerError
-from workers.engines import Engine, EngineRetired, GenerationRequest, GenerationResult, StreamDelta
 
 from ._health import HealthMonitor, probe_engine
 from ._http import aclose

@@ -1,22 +1,20 @@
 """OpenAI response bodies (chat, completions, streamed chunks), built as plain dicts.
 
-They are on the hot path and need no validation; :func:`chat_answer` turns a generation made for
-offered tools back into OpenAI ``tool_calls``.
+They are on the hot path and need no validation. They know nothing of the request models of
+:mod:`workers.server._openai` (which imports this module): ``chat_answer``, which reads the request
+to decode offered tools back into OpenAI ``tool_calls``, lives there.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from workers.engines import FinishReason, GenerationResult, ToolCall, parse_tool_answer
-
-if TYPE_CHECKING:
-    from ._openai import ChatCompletionRequest
+from chainrt.engines import FinishReason, GenerationResult
+from chainrt.toolcalls import ToolCall
 
 __all__ = [
-    "chat_answer",
     "chat_chunk",
     "chat_response",
     "completion_chunk",
@@ -97,16 +95,6 @@ def chat_response(
         "usage": _usage(result),
     }
     return _extensions(body, result)
-
-
-def chat_answer(
-    rid: str, parsed: ChatCompletionRequest, result: GenerationResult
-) -> dict[str, Any]:
-    """The ``chat.completion`` for ``parsed``: tool calls decoded when tools were offered."""
-    if parsed.tool_schema() is None:
-        return chat_response(rid, parsed.model, result)
-    content, calls = parse_tool_answer(result.text, parsed.tool_specs())
-    return chat_response(rid, parsed.model, result, content=content, tool_calls=calls)
 
 
 def completion_response(rid: str, model: str, result: GenerationResult) -> dict[str, Any]:

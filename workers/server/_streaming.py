@@ -10,15 +10,16 @@ is released however the stream ends.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Literal
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
+from chainrt.engines import GenerationRequest, GenerationResult, StreamDelta
 from chainrt.errors import EngineDead, EngineOOM, WorkerError
-from workers.engines import GenerationRequest, GenerationResult, StreamDelta, parse_tool_answer
+from chainrt.toolcalls import parse_tool_answer
 
 from ._admission import Slot
 from ._context import RequestContext
-from ._http import SSE_DONE, SSEResponse, aclose, run_until_disconnect, sse
+from ._http import SSE_DONE, HttpError, SSEResponse, aclose, run_until_disconnect, sse
 from ._openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,18 +27,43 @@ from ._openai import (
     completion_chunk,
     error_body,
 )
-from ._reload import EngineLease, stream_on
+from ._reload import EngineLease, ServingEngines, stream_on
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from ._handler import GenerationHandler
+__all__ = ["StreamHost", "stream_answer"]
 
-__all__ = ["stream_answer"]
+T = TypeVar("T")
+
+
+class StreamHost(Protocol):
+    """What a stream needs of the request handler that started it (``GenerationHandler``).
+
+    A protocol, so that this module does not import the handler that imports it.
+    """
+
+    engines: ServingEngines
+
+    async def call_engine(self, work: Awaitable[T]) -> T:
+        """``work``, with the handler's engine-failure bookkeeping around it."""
+        ...
+
+    def engine_failure(self, exc: EngineOOM | EngineDead) -> HttpError:
+        """The error answer for ``exc`` (recovery started)."""
+        ...
+
+    def record(self, result: GenerationResult, ctx: RequestContext, seconds: float) -> None:
+        """Count a finished generation."""
+        ...
+
+    def finish(self, ctx: RequestContext, started: float) -> None:
+        """Close the request's books (metrics, observer)."""
+        ...
 
 
 async def stream_answer(
-    handler: GenerationHandler,
+    handler: StreamHost,
     request: Request,
     endpoint: Literal["chat", "completions"],
     parsed: ChatCompletionRequest | CompletionRequest,

@@ -1,4 +1,4 @@
-"""The worker's server span: one OpenTelemetry SERVER span per generation request (DESIGN §8).
+"""The worker's server span: one OpenTelemetry SERVER span per generation request (docs/tracing.md).
 
 :class:`TracingObserver` plugs into the :class:`~workers.server.RequestObserver` seam. When a
 request starts it opens ``POST /v1/chat/completions`` (or ``/v1/completions``) as a child of the

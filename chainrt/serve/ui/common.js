@@ -28,6 +28,11 @@ async function api(path, options) {
   } catch (_) {
     body = null;
   }
+  if (response.status === 401) {
+    // This server needs an API token: log in, then come back here.
+    const here = window.location.pathname + window.location.search;
+    window.location.assign(`/ui/login?next=${encodeURIComponent(here)}`);
+  }
   if (!response.ok) {
     const message = body && body.error ? body.error.message : response.statusText;
     const error = new Error(message || `HTTP ${response.status}`);
@@ -37,10 +42,10 @@ async function api(path, options) {
   return { body, headers: response.headers };
 }
 
+// Always milliseconds (grouped: "12,400 ms"), so that figures side by side never mix units.
 function ms(value) {
   if (value === null || value === undefined) return "";
-  if (value >= 10000) return `${(value / 1000).toFixed(1)} s`;
-  return `${Math.round(value)} ms`;
+  return `${Math.round(value).toLocaleString("en-US")} ms`;
 }
 
 function when(seconds) {

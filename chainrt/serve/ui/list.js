@@ -43,6 +43,8 @@
       el("td", {}, statusBadge(run.status)),
       el("td", { text: used }),
       el("td", { text: when(run.created_at) }),
+      // Why it waits (no live runner serves its chain) or why it failed: text, never HTML.
+      el("td", { class: "reason", text: run.reason || "", title: run.reason || null }),
     );
   }
 
@@ -98,6 +100,12 @@
     if (!matches(run)) {
       if (existing) existing.remove();
     } else if (existing) {
+      // A stream row carries the record's error only: a queued run keeps the reason it was
+      // read with (no live runner serves its chain) while it stays queued.
+      const kept = existing.querySelector("td.reason");
+      if (!run.reason && run.status === "queued" && existing.dataset.status === "queued" && kept) {
+        run = { ...run, reason: kept.textContent };
+      }
       existing.replaceWith(row(run));
     } else {
       const next = Array.from(body.children).find((tr) => before(run, tr));

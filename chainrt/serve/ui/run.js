@@ -1,12 +1,14 @@
 // chainrt dashboard: one run. The budget waterfall (one bar per step on a shared time axis:
 // allotted vs elapsed, concurrency waits, attempts with retries and fallbacks marked, skipped
 // optional steps greyed), input/output/errors, trace link, Resume and Cancel, and live updates
-// from the run's event stream (tokens of the step in flight when the step streams).
+// from the run's event stream (tokens of the step in flight when the step streams). A run parked
+// at a wait shows a form that sends the signal it waits for (POST /v1/runs/{id}/signal).
 "use strict";
 (function () {
   const { el, api, ms, statusBadge, valueBlock } = window.chainrt;
   const runId = decodeURIComponent(location.pathname.replace(/^\/ui\/runs\//, ""));
-  const FINAL = new Set(["completed", "partial", "rejected", "failed", "cancelled"]);
+  // At rest: nothing will change the page until someone acts (a parked run waits for a signal).
+  const FINAL = new Set(["completed", "partial", "rejected", "failed", "cancelled", "waiting"]);
   const RESUMABLE = new Set(["partial", "failed", "rejected", "cancelled"]);
   const $ = (id) => document.getElementById(id);
   let detail = null; // GET /v1/runs/{id}/record
@@ -62,11 +64,93 @@
     // A step may be allotted the whole rest of a long budget: the axis stops at twice the
     // elapsed span and longer allotments are drawn clipped (their figure is in the label).
     const span = elapsedEnd > 0 ? Math.min(allottedEnd, 2 * elapsedEnd) || elapsedEnd : allottedEnd || 1;
-    return { steps, span: Math.max(span, elapsedEnd, 1) };
+    return { steps, span: Math.max(span, elapsedEnd, 1), t0 };
+  }
+
+  // A group's lanes: one per parallel branch, switch branch or map item, each with a bar per
+  // inner step that has a record (inner steps are recorded under their path: gather.kb.search,
+  // per_item[3].classify), on the run's shared axis. Nested groups' steps sit in their lane.
+  const GROUPS = new Set(["parallel", "map", "switch"]);
+  const MAX_LANES = 50;
+
+  function laneOf(groupId, path) {
+    const rest = path.slice(groupId.length);
+    const item = /^\[(\d+)\]\./.exec(rest);
+    if (item) return { key: `${groupId}[${item[1]}]`, name: `item ${item[1]}`, order: Number(item[1]) };
+    const branch = /^\.([^.]+)\./.exec(rest);
+    return branch ? { key: `${groupId}.${branch[1]}`, name: branch[1], order: null } : null;
+  }
+
+  function groupLanes(groupId, span, t0) {
+    const lanes = new Map();
+    for (const [path, rec] of Object.entries(detail.records || {})) {
+      if (!path.startsWith(groupId) || path.includes("#")) continue;
+      const lane = laneOf(groupId, path);
+      if (!lane) continue;
+      if (!lanes.has(lane.key)) lanes.set(lane.key, { ...lane, recs: [] });
+      lanes.get(lane.key).recs.push([path, rec]);
+    }
+    if (!lanes.size) return null;
+    const ordered = [...lanes.values()].sort((a, b) =>
+      a.order !== null && b.order !== null ? a.order - b.order : 0,
+    );
+    const rows = ordered.slice(0, MAX_LANES).map((lane) => {
+      const track = el("div", { class: "track lane-track" });
+      for (const [path, rec] of lane.recs) {
+        if (!rec.started_at) continue;
+        const offset = (rec.started_at - t0) * 1000;
+        track.append(
+          el("div", {
+            class: `bar-elapsed s-${rec.status}`,
+            "data-path": path,
+            "data-status": rec.status,
+            title: `${path} ${rec.status} ${ms(rec.elapsed_ms)}${rec.error ? `: ${rec.error}` : ""}`,
+            style: { left: pct(offset, span), width: pct(Math.min(rec.elapsed_ms, span - offset), span) },
+          }),
+        );
+      }
+      const statuses = lane.recs.map(([, rec]) => rec.status);
+      const worst = ["failed", "timed_out", "rejected", "partial", "cancelled", "running"].find((x) =>
+        statuses.includes(x),
+      );
+      return el(
+        "li",
+        { class: "lane", "data-lane": lane.key, "data-status": worst || "completed" },
+        el("span", { class: "lane-name", text: lane.name, title: lane.key }),
+        track,
+      );
+    });
+    if (ordered.length > MAX_LANES) {
+      rows.push(el("li", { class: "lane small", text: `${ordered.length - MAX_LANES} more lanes not drawn` }));
+    }
+    return el("ul", { class: "lanes", "data-group": groupId }, ...rows);
   }
 
   function pct(value, span) {
     return `${Math.max(0, Math.min(100, (value / span) * 100)).toFixed(3)}%`;
+  }
+
+  // Tokens the attempts' servers reported (summed), or null when none did.
+  function usageOf(attempts) {
+    let known = false;
+    const sum = { prompt_tokens: 0, completion_tokens: 0, cached_tokens: null, total_tokens: 0, cost: null };
+    for (const a of attempts || []) {
+      const u = a.usage;
+      if (!u) continue;
+      known = true;
+      sum.prompt_tokens += u.prompt_tokens || 0;
+      sum.completion_tokens += u.completion_tokens || 0;
+      sum.total_tokens += u.total_tokens || 0;
+      if (u.cached_tokens !== null && u.cached_tokens !== undefined) sum.cached_tokens = (sum.cached_tokens || 0) + u.cached_tokens;
+      if (u.cost !== null && u.cost !== undefined) sum.cost = (sum.cost || 0) + u.cost;
+    }
+    return known ? sum : null;
+  }
+
+  function tokensText(u) {
+    const cached = u.cached_tokens !== null ? `, cached ${u.cached_tokens}` : "";
+    const cost = u.cost !== null ? ` · cost ${Number(u.cost.toPrecision(6))}` : "";
+    return `${u.total_tokens} tokens (prompt ${u.prompt_tokens}, completion ${u.completion_tokens}${cached})${cost}`;
   }
 
   function attemptChips(attempts) {
@@ -89,6 +173,7 @@
           el("b", { text: `#${a.attempt}` }),
           ...marks.map((m) => el("span", { class: `mark ${m}`, text: m })),
           el("span", { text: ` ${model}${a.endpoint ? ` @ ${a.endpoint}` : ""} · ${a.status} · ${ms(elapsed)}` }),
+          a.usage ? el("span", { class: "usage", text: ` · ${a.usage.total_tokens} tok` }) : null,
           a.detail || a.why ? el("span", { class: "why", text: ` (${a.detail || a.why})` }) : null,
         ),
       );
@@ -96,7 +181,7 @@
     return list;
   }
 
-  function stepRow(s, span) {
+  function stepRow(s, span, t0) {
     const rec = s.rec;
     const status = rec ? rec.status : s.flying ? "running" : "pending";
     const waits = rec && rec.waits_ms ? Object.entries(rec.waits_ms) : [];
@@ -128,6 +213,8 @@
     if (waited > 0) figures.push(`waited ${ms(waited)} (${waits.map(([k, v]) => `${k} ${ms(v)}`).join(", ")})`);
     if (rec && rec.fallback) figures.push(`answered by fallback ${rec.fallback}`);
     const attempts = rec ? rec.attempt_log : s.flying ? s.flying.attempts : [];
+    const used = usageOf(attempts);
+    if (used) figures.push(tokensText(used));
     const body = el(
       "div",
       { class: "step-body" },
@@ -139,6 +226,7 @@
         : null,
       s.flying && s.flying.tokens ? el("pre", { class: "tokens", text: s.flying.tokens }) : null,
     );
+    const lanes = GROUPS.has(s.planned.kind) ? groupLanes(s.planned.id, span, t0) : null;
     return el(
       "li",
       { class: `step s-${status}${s.planned.optional ? " optional" : ""}`, "data-step": s.planned.id, "data-status": status },
@@ -150,6 +238,7 @@
         statusBadge(status),
       ),
       track,
+      lanes,
       body,
     );
   }
@@ -159,7 +248,14 @@
     document.title = `chainrt run ${detail.run_id}`;
     $("chain").textContent = detail.chain;
     $("status").replaceWith(Object.assign(statusBadge(detail.status), { id: "status" }));
+    // A run answered (in part) by static answers is not a plain success.
+    const answers = detail.llm_answers || {};
+    $("degraded").hidden = !detail.degraded;
+    $("degraded").textContent = detail.degraded ? `degraded: ${answers.static} of ${answers.steps} LLM steps static` : "degraded";
     $("budget").textContent = `${ms(detail.budget.used_ms)} used of ${ms(detail.budget.total_ms)}`;
+    const runUsage = usageOf(Object.values(detail.records || {}).flatMap((r) => r.attempt_log || []));
+    $("tokens-box").hidden = !runUsage;
+    $("tokens").textContent = runUsage ? tokensText(runUsage) : "";
     const trace = $("trace");
     trace.replaceChildren();
     if (detail.trace && detail.trace.url) {
@@ -168,18 +264,67 @@
       trace.append(el("span", { text: `trace ${detail.trace.trace_id}` }));
     }
     $("resume-box").hidden = !RESUMABLE.has(detail.status);
-    $("cancel").hidden = !(detail.status === "queued" || detail.status === "running");
-    const { steps, span } = layout();
+    $("cancel").hidden = !["queued", "running", "waiting"].includes(detail.status);
+    renderSignal();
+    const { steps, span, t0 } = layout();
     $("axis").replaceChildren(
       el("span", { text: "0" }),
       el("span", { text: ms(span / 2) }),
       el("span", { text: ms(span) }),
     );
-    $("waterfall").replaceChildren(...steps.map((s) => stepRow(s, span)));
+    $("waterfall").replaceChildren(...steps.map((s) => stepRow(s, span, t0)));
     $("input").replaceChildren(valueBlock(detail.input));
     $("output").replaceChildren(valueBlock(detail.output));
     $("error-box").hidden = !detail.error;
     $("error").replaceChildren(detail.error ? valueBlock(detail.error) : "");
+  }
+
+  // The signal form of a parked run: the signal's name, where it waits, and a payload of the
+  // right shape to start from (filled once, so what a person typed is not overwritten).
+  function renderSignal() {
+    const waiting = detail.status === "waiting" ? detail.waiting_for : null;
+    $("signal-box").hidden = !waiting;
+    if (!waiting) return;
+    $("signal-name").textContent = waiting.signal;
+    $("signal-step").textContent = waiting.step;
+    $("signal-until").textContent = waiting.until
+      ? ` (until ${new Date(waiting.until * 1000).toLocaleString()}, then ${waiting.on_timeout})`
+      : "";
+    const box = $("signal-payload");
+    if (box.dataset.for !== waiting.signal) {
+      box.dataset.for = waiting.signal;
+      box.value = JSON.stringify(waiting.example, null, 2);
+    }
+  }
+
+  async function sendSignal(event) {
+    event.preventDefault();
+    const waiting = detail && detail.waiting_for;
+    if (!waiting) return;
+    let payload;
+    try {
+      payload = JSON.parse($("signal-payload").value);
+    } catch (error) {
+      setMessage(`The payload is not JSON: ${error.message}`);
+      return;
+    }
+    try {
+      const { body } = await api(`/v1/runs/${encodeURIComponent(runId)}/signal`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ name: waiting.signal, payload }),
+      });
+      setMessage(`Signal ${waiting.signal} sent: ${body.queued ? "the run continues" : "kept"}`);
+      // The run is queued for a runner: follow it once it has left the wait.
+      for (let i = 0; i < 600; i += 1) {
+        const now = await refresh();
+        if (!now || !["waiting", "queued"].includes(now.status)) break;
+        await new Promise((done) => setTimeout(done, 100));
+      }
+      listen();
+    } catch (error) {
+      setMessage(`Signal refused: ${error.message}`);
+    }
   }
 
   async function refresh() {
@@ -271,6 +416,7 @@
 
   $("cancel").addEventListener("click", () => act("cancel"));
   $("resume").addEventListener("click", () => act("resume"));
+  $("signal-box").addEventListener("submit", sendSignal);
   refresh().then((body) => {
     if (!body) return;
     listen();

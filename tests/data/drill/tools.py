@@ -47,3 +47,12 @@ async def step_async(prev: Any, sleep_ms: float, log_dir: str, ctx: StepContext)
     _log(log_dir, ctx)
     await asyncio.sleep(sleep_ms / 1000)
     return next_value(prev, ctx.step_id)
+
+
+def step_pick(prev: Any, log_dir: str, ctx: StepContext) -> dict[str, Any]:
+    """The flow drill's switch input (``flow.yaml``): log, then the branch and map items the
+    previous output picks (``chainrt.testing._drill_flow.pick_value``)."""
+    from chainrt.testing._drill_flow import pick_value
+
+    _log(log_dir, ctx)
+    return pick_value(prev, ctx.step_id)

@@ -1,0 +1,127 @@
+"""Slow clients are dropped: uvicorn's HTTP/1.1 protocol with a deadline for each request's
+headers and another for its body.
+
+uvicorn closes a keep-alive connection idle after a response (``timeout_keep_alive``, our
+``--idle-timeout``), but it waits forever for a connection that sends nothing, that sends its
+request line and headers a byte at a time, or that announces a body and trickles it: a thousand
+such connections hold a thousand descriptors. Here:
+
+- a connection gets ``--header-timeout`` from the moment it opens, or from the first byte of
+  each next request, to deliver that request's headers whole; past it, it is closed;
+- a request whose headers are in gets ``--body-timeout`` to deliver its body whole; past it, it
+  is answered ``408`` (unless its answer has started) and the connection is closed.
+
+The protocol also tells the connection cap (:class:`~chainrt.serve._accept.ConnectionGate`)
+when a connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ._accept import ConnectionGate
+
+__all__ = ["connection_protocol"]
+
+_TIMED_OUT = json.dumps(
+    {
+        "error": {
+            "type": "request_timeout",
+            "message": "the request body did not arrive in time (chainrt serve --body-timeout)",
+        }
+    }
+).encode()
+
+
+class _Deadlines(H11Protocol):
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    gate: ConnectionGate | None = None
+    _deadline: asyncio.TimerHandle | None = None
+    _body_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm()  # the first bytes of a next request on a kept-alive connection
+        super().data_received(data)
+        state = self.conn.their_state
+        if state is not h11.IDLE:
+            self._disarm()  # the request line and headers are in
+        if state is h11.SEND_BODY:
+            if self._body_deadline is None:
+                self._body_deadline = self.loop.call_later(self.body_timeout_s, self._body_late)
+        else:
+            self._disarm_body()  # the body is in (or there was none)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._disarm_body()
+        super().connection_lost(exc)
+        if self.gate is not None:
+            self.gate.wake()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _disarm_body(self) -> None:
+        if self._body_deadline is not None:
+            self._body_deadline.cancel()
+            self._body_deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def _body_late(self) -> None:
+        self._body_deadline = None
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started and not cycle.disconnected:
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(_TIMED_OUT)),
+                (b"connection", b"close"),
+            ]
+            try:
+                out = self.conn.send(h11.Response(status_code=408, headers=headers))
+                out = (out or b"") + (self.conn.send(h11.Data(data=_TIMED_OUT)) or b"")
+                out += self.conn.send(h11.EndOfMessage()) or b""
+                self.transport.write(out)
+            except h11.LocalProtocolError:
+                pass
+            # The app waiting for the body hears a disconnect; what it answers goes nowhere.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if self.gate is not None:
+                self.gate.body_timeouts += 1
+        self.transport.close()
+
+
+def connection_protocol(
+    header_timeout_s: float, body_timeout_s: float, gate: ConnectionGate | None = None
+) -> type[Any]:
+    """uvicorn's h11 protocol class with ``header_timeout_s`` and ``body_timeout_s`` deadlines
+    for each request (pass it as ``uvicorn.Config(http=...)``), telling ``gate`` when a
+    connection closes."""
+    return type(
+        "DeadlinesH11Protocol",
+        (_Deadlines,),
+        {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s, "gate": gate},
+    )
