@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import chainrt
 from chainrt._records import RunRecord, StepRecord
 from chainrt._result import RunResult
+from chainrt.testing.redis_server import free_port
 
 LONG = "".join(f"word{i} " for i in range(200)) + "THE END"  # ~1,300 characters
 
@@ -41,12 +41,6 @@ output:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def chainrt_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "chainrt", *args],
@@ -64,7 +58,7 @@ def setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     # Nothing listens on this port: every attempt at `primary` is a real connection refusal.
     pool = tmp_path / "pool.yaml"
     pool.write_text(
-        f"models:\n  primary:\n    endpoints:\n      - url: http://127.0.0.1:{_free_port()}\n"
+        f"models:\n  primary:\n    endpoints:\n      - url: http://127.0.0.1:{free_port()}\n"
     )
     env = {
         **os.environ,

@@ -293,7 +293,9 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, P
         deadline = time.monotonic() + 10
         while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as probe:
+                    if probe.getsockname() == probe.getpeername():  # joined to itself: not up
+                        raise ConnectionRefusedError
                 break
             except OSError:
                 assert time.monotonic() < deadline, "TLS redis-server did not start"

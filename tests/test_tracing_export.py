@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -24,18 +23,13 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from chainrt.testing.redis_server import free_port
 from chainrt.tracing._export import ReportingExporter, otlp_target
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAIN = "name: traced\nbudget: 10s\nsteps:\n  - id: a\n    tool: tools.py:one\n"
 CLI = (sys.executable, "-m", "chainrt", "run")
 TOOLS = "def one() -> int:\n    return 1\n"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Receiver:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,11 @@ import httpx
 import httpx2  # the HTTP library of the openai package (its http_client type)
 from openai import AsyncOpenAI, OpenAI
 
+from chainrt.testing.redis_server import free_port
+
 __all__ = ["WorkerProcess", "fault_worker", "free_port", "metric_value"]
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -16,12 +17,41 @@ from typing import Literal
 __all__ = ["RedisServer", "free_port"]
 
 
+_LOW_PORT = 20000
+"""Where :func:`free_port` starts looking (below the kernel's ephemeral range)."""
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out as a source port (32768 when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range.
+
+    A port the kernel may also pick as a client's source port can be joined to itself by a
+    connect made before the server listens (TCP simultaneous open): a readiness probe then
+    reads its own bytes back and the server can no longer bind. Ports below the ephemeral
+    range are never picked as source ports, so that cannot happen there. Falls back to a
+    port the kernel chooses when none of the tries below the range is free.
+    """
+    top = _ephemeral_low()
+    if top - _LOW_PORT >= 1000:
+        for _ in range(64):
+            port = random.randrange(_LOW_PORT, top)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 class RedisServer:
@@ -106,6 +136,10 @@ class RedisServer:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock,
                 sock.makefile("rb") as replies,
             ):
+                if sock.getsockname() == sock.getpeername():
+                    # Nothing listens yet and the kernel joined the socket to itself (a port in
+                    # the ephemeral range can be picked as its own source): it would echo PING.
+                    return False
                 if self.password:
                     # AUTH is served even while loading; a wrong password shows up at PING.
                     sock.sendall(f"AUTH {self.password}\r\n".encode())

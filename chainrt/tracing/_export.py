@@ -126,8 +126,10 @@ class ReportingExporter(SpanExporter):
         if self._probed_ok_at is not None and now - self._probed_ok_at < self.probe_ttl_s:
             return None
         try:
-            with socket.create_connection(self.target, timeout=self.probe_timeout_s):
-                pass
+            with socket.create_connection(self.target, timeout=self.probe_timeout_s) as sock:
+                if sock.getsockname() == sock.getpeername():
+                    # Joined to itself (nothing listens on a port of the ephemeral range).
+                    raise ConnectionRefusedError(111, "nothing listens (self-connected)")
         except OSError as exc:
             self._probed_ok_at = None
             return exc.strerror or type(exc).__name__
