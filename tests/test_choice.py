@@ -23,6 +23,7 @@ from chainrt.dispatch._policy import (
     NextCandidate,
     Retry,
     attempt_end,
+    attempt_plan,
     decide_retry,
     fallback_need,
     fit_context,
@@ -30,6 +31,7 @@ from chainrt.dispatch._policy import (
     next_tried,
     queued_out,
     reserve_for,
+    retry_fits,
     trial_span,
 )
 
@@ -334,6 +336,60 @@ def test_attempt_end_cuts_a_stuck_model(
         fallback_next=fallback,
     )
     assert end == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("cut", "keep", "own_p50", "expected"),
+    [
+        (0.5, 0.4, 0.2, False),  # 100 ms between the cut and the fallback's time: no retry fits
+        (0.3, 0.4, 0.2, True),  # 300 ms: the retry's median fits
+        (0.5, 0.0, 0.2, True),  # nothing kept for a fallback
+        (0.9, 0.4, None, True),  # median unknown: the retry keeps its chance
+    ],
+)
+def test_retry_fits(cut: float, keep: float, own_p50: float | None, expected: bool) -> None:
+    assert retry_fits(cut, 1.0, keep_s=keep, own_p50_s=own_p50) is expected
+
+
+@pytest.mark.parametrize(
+    ("deadline", "reserve", "keep", "own_p50", "elsewhere", "streamed", "expected"),
+    [
+        # 1 s step, the fallback keeps 500 ms: cut at 500 ms, no retry fits behind it, so none
+        # follows (the attempt runs on beside the fallback)
+        (1.0, 0.5, 0.4, 0.2, True, False, (0.5, False)),
+        # 3 s step: the stuck cut at 3 x 200 ms leaves the retry elsewhere room
+        (3.0, 0.5, 0.4, 0.2, True, False, (0.6, True)),
+        # a streamed attempt keeps its cut and its retry (its tokens cannot be taken back)
+        (1.0, 0.5, 0.4, 0.2, True, True, (0.5, True)),
+        # no fallback after this model: the retry is all there is
+        (1.0, 0.0, 0.0, 0.2, True, False, (0.6, True)),
+        # the model's median unknown: half the usable time, the retry keeps its chance
+        (1.0, 0.5, 0.4, None, True, False, (0.25, True)),
+        # no retry elsewhere to begin with: the fallback's cut (5 x the median, the reserve)
+        (1.0, 0.5, 0.4, 0.2, False, False, (0.5, False)),
+    ],
+)
+def test_attempt_plan(
+    deadline: float,
+    reserve: float,
+    keep: float,
+    own_p50: float | None,
+    elsewhere: bool,
+    streamed: bool,
+    expected: tuple[float, bool],
+) -> None:
+    end, retry = attempt_plan(
+        0.0,
+        deadline,
+        reserve_s=reserve,
+        own_p50_s=own_p50,
+        attempt_timeout_s=None,
+        retry_elsewhere=elsewhere,
+        keep_s=keep,
+        streamed=streamed,
+    )
+    assert end == pytest.approx(expected[0])
+    assert retry is expected[1]
 
 
 # ------------------------------------------------------------------ retry decisions

@@ -12,6 +12,8 @@ in-process local model (the same SmolLM2, real generations).
   each attempt there starts the fallback beside it once it has run past its slow mark, and the
   four fallbacks queued on the one local engine all answer inside a deadline that would not
   hold them behind a cut at 5x the primary's median (the old stuck cut).
+* A first attempt whose cut would leave no room for a retry on the other endpoint is not cut:
+  it runs on beside the fallback (both endpoints in a spike here), and the fallback answers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from chainrt._records import AttemptRecord
 from chainrt.dispatch import Dispatcher, HttpBackend, LlmCall, LocalBackend, ModelBackend
 from chainrt.dispatch._breaker import DEFAULT_POLICIES
 from chainrt.dispatch._resources import PoolResources
+from chainrt.errors import DispatchFailed
 
 pytestmark = pytest.mark.slow
 
@@ -137,6 +140,64 @@ async def test_four_runs_falling_back_at_once_all_get_their_answer(
             # The primary's attempt ran on beside the fallback and was cancelled when it won.
             assert ("primary", "cancelled") in statuses, statuses
             assert statuses[-1] == ("local", "ok"), statuses  # the answer stays last
+        assert time.time() <= deadline + 0.5
+    finally:
+        await d.close()
+
+
+async def test_a_first_attempt_with_no_room_for_a_retry_runs_on_beside_the_fallback(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    # A step that holds one primary answer and two of the fallback's: the first attempt's cut
+    # leaves no room for a retry on the other endpoint (dispatch/_policy.py attempt_plan). The
+    # attempt is not cut for a retry that would be skipped: it runs on beside the fallback, and
+    # the fallback's answer wins (bench/fallback.py: 31 of 32 failed steps were a first attempt
+    # cut with no retry after it and the fallback alone behind a queue).
+    a, b = workers
+    d = dispatcher(a.base, b.base, local=True)
+    try:
+        await d.prepare(["local"])
+        answered = {a.base: 0, b.base: 0}
+        for _ in range(30):
+            got = await d.complete(call(), time.time() + 30)
+            assert got.endpoint is not None
+            answered[got.endpoint] += 1
+            if min(answered.values()) >= 2 and sum(answered.values()) >= 6:
+                break
+        assert min(answered.values()) >= 2, answered
+        local = LlmCall(model="local", messages=[("user", PROMPT)], max_tokens=8)
+        for _ in range(3):
+            await d.complete(local, time.time() + 30)
+        probe = call(attempts=2, fallbacks=["local"])
+        p50 = d.expected("primary", probe, 8, 0.5)
+        local_p90 = d.expected("local", local, 8, 0.9)
+        assert p50 is not None
+        assert local_p90 is not None
+        for worker in workers:  # both endpoints in a spike: no primary answer can come
+            worker.post("/admin/faults", json={"latency_ms": SPIKE_MS})
+        budget_s = p50 + 2 * local_p90
+        deadline = time.time() + budget_s
+        try:
+            got = await d.complete(probe, deadline)
+        except DispatchFailed as exc:  # the fallback missed too (a loaded machine)
+            answer, attempts = None, exc.attempts
+        else:
+            answer, attempts = got, got.attempts
+        statuses = [(r.model, r.status) for r in attempts]
+        primary = [r for r in attempts if r.model == "primary"]
+        # One attempt at the primary, no retry, and the fallback tried beside it.
+        assert len(primary) == 1, (statuses, p50, local_p90)
+        assert any(r.model == "local" for r in attempts), statuses
+        if answer is not None:
+            # Not cut (a `timeout` before the fallback): run on, cancelled when the fallback won.
+            assert answer.model == "local", statuses
+            assert primary[0].status == "cancelled", (statuses, p50, local_p90)
+            assert statuses[-1] == ("local", "ok"), statuses
+        else:
+            # Neither answered in time: the attempt still ran on beside the fallback (the old
+            # cut logged a plain timeout before the fallback began).
+            assert primary[0].status == "timeout", statuses
+            assert "the fallback started beside it" in str(primary[0].detail), primary[0]
         assert time.time() <= deadline + 0.5
     finally:
         await d.close()

@@ -33,7 +33,7 @@ from ._policy import (
     Failure,
     MoveOn,
     Retry,
-    attempt_end,
+    attempt_plan,
     decide_retry,
     fallback_need,
     judged_after,
@@ -171,7 +171,7 @@ class ModelTry:
             self.tries_used < call.attempts
             and self.backend.usable_count(frozenset(self.avoid)) >= 2
         )
-        end = attempt_end(
+        end, retry_elsewhere = attempt_plan(
             now,
             self.deadline,
             reserve_s=self.reserve_s,
@@ -180,8 +180,8 @@ class ModelTry:
             if call.attempt_timeout_ms is None
             else call.attempt_timeout_ms / 1000,
             retry_elsewhere=retry_elsewhere,
-            fallback_next=self.reserve_s > 0,
             keep_s=fallback_need(rest, left, keep_partial=call.keep_partial),
+            streamed=call.on_token is not None,
         )
         if not worth_starting(end - now, p50, fallback_next=self.reserve_s > 0):
             why = (
