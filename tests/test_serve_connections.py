@@ -99,6 +99,45 @@ def test_a_trickled_body_is_answered_408_and_dropped(runner: ServeProcess) -> No
     assert metric(runner, "chainrt_serve_body_timeouts_total") >= 1
 
 
+def test_a_408_reaches_a_client_that_is_still_sending(runner: ServeProcess) -> None:
+    # A client that keeps writing its (too slow, too long) body while the deadline passes: the
+    # server must not close with its bytes unread, which resets the connection at once and can
+    # drop the 408 still in the send queue (CI once saw a trickling client get no answer). It
+    # answers, stops writing, reads and drops what still comes for a moment, then closes.
+    sock = socket.create_connection(("127.0.0.1", runner.port))
+    sock.sendall(
+        b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000\r\n\r\n{"
+    )
+    sock.setblocking(False)
+    answer, reset, started = b"", False, time.monotonic()
+    pace = 0.002  # 1 KiB every 2 ms: the announced 1 MB (under --max-body-bytes) takes 2 s
+    while time.monotonic() - started < 20 and b"\r\n\r\n" not in answer:
+        try:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+            continue
+        except BlockingIOError:
+            pass
+        except OSError:
+            reset = True
+            break
+        try:
+            sock.send(b" " * 1024)
+        except BlockingIOError:
+            pass
+        except OSError:
+            reset = True
+            break
+        time.sleep(pace)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408"), (answer[:200], reset)
+    assert b"body-timeout" in answer
+    assert runner.get("/health/live").status_code == 200
+
+
 def test_past_the_cap_connections_wait_and_are_served_when_one_closes(
     runner: ServeProcess,
 ) -> None:

@@ -9,7 +9,11 @@ such connections hold a thousand descriptors. Here:
 - a connection gets ``--header-timeout`` from the moment it opens, or from the first byte of
   each next request, to deliver that request's headers whole; past it, it is closed;
 - a request whose headers are in gets ``--body-timeout`` to deliver its body whole; past it, it
-  is answered ``408`` (unless its answer has started) and the connection is closed.
+  is answered ``408`` (unless its answer has started) and the connection is closed. After a
+  ``408`` the close lingers (:data:`LINGER_S`): the server stops writing (FIN) and reads and
+  drops what the client still sends, so the ``408`` reaches a client that is still sending.
+  A socket closed with unread bytes in it is reset at once, and the reset can overtake the
+  ``408`` still in the send queue: CI saw a trickling client get no answer at all.
 
 The protocol also tells the connection cap (:class:`~chainrt.serve._accept.ConnectionGate`)
 when a connection closes.
@@ -26,7 +30,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._accept import ConnectionGate
 
-__all__ = ["connection_protocol"]
+__all__ = ["LINGER_S", "connection_protocol"]
+
+LINGER_S = 1.0
+"""How long a connection answered ``408`` is read and drained before it is closed."""
 
 _TIMED_OUT = json.dumps(
     {
@@ -44,12 +51,15 @@ class _Deadlines(H11Protocol):
     gate: ConnectionGate | None = None
     _deadline: asyncio.TimerHandle | None = None
     _body_deadline: asyncio.TimerHandle | None = None
+    _lingering: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return  # answered 408: what the client still sends is dropped
         if self._deadline is None and self.conn.their_state is h11.IDLE:
             self._arm()  # the first bytes of a next request on a kept-alive connection
         super().data_received(data)
@@ -62,7 +72,16 @@ class _Deadlines(H11Protocol):
         else:
             self._disarm_body()  # the body is in (or there was none)
 
+    def eof_received(self) -> None:
+        if self._lingering is not None:
+            self._linger_done()  # the client is done sending: close now
+            return
+        super().eof_received()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
         self._disarm()
         self._disarm_body()
         super().connection_lost(exc)
@@ -111,7 +130,19 @@ class _Deadlines(H11Protocol):
             cycle.message_event.set()
             if self.gate is not None:
                 self.gate.body_timeouts += 1
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the 408, then FIN; reading goes on, dropped
+                self.transport.resume_reading()
+                self._lingering = self.loop.call_later(LINGER_S, self._linger_done)
+                return
         self.transport.close()
+
+    def _linger_done(self) -> None:
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 def connection_protocol(
