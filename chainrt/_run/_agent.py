@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,7 +48,7 @@ from ..spec._flow_check import all_steps
 from ._agent_approval import Parked, decide, refusal
 from ._intercept import AgentPart, RunInterceptor, chain_agent_parts
 from ._journal import RunJournal, _Unrecordable
-from ._llm import _answered
+from ._llm import _answered, prepare_models
 from ._recording import unrecorded
 from ._step import StepOutcome, acquire_keys
 from ._tool import TOOL_JOURNAL, run_tool
@@ -86,15 +85,15 @@ class AgentExecutor:
 
     async def prepare(self, spec: ChainSpec) -> None:
         """Get the agents' models ready before the budget clock runs (as the llm executor)."""
-        models = {
-            model
-            for step in all_steps(spec)
-            if step.agent is not None
-            for model in (step.agent.model, *step.fallbacks)
-        }
-        if models:
-            with contextlib.suppress(ChainRTError):
-                await self.dispatcher.prepare(sorted(models))
+        await prepare_models(
+            self.dispatcher,
+            (
+                model
+                for step in all_steps(spec)
+                if step.agent is not None
+                for model in (step.agent.model, *step.fallbacks)
+            ),
+        )
 
     def tools(self, step: StepSpec, chain_dir: Path) -> list[AgentTool]:
         """The step's tools, resolved once per (step, chain directory)."""

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,16 @@ async def _answered(
     ), answer
 
 
+async def prepare_models(dispatcher: Dispatcher, models: Iterable[str]) -> None:
+    """Get ``models`` ready (load the in-process model) before the budget clock runs, for the
+    llm and agent executors. A model that fails to get ready is not an error here: its steps
+    record the failure."""
+    names = sorted(set(models))
+    if names:
+        with contextlib.suppress(ChainRTError):
+            await dispatcher.prepare(names)
+
+
 class LlmExecutor:
     """Runs ``llm`` steps through one dispatcher."""
 
@@ -124,15 +135,15 @@ class LlmExecutor:
 
         A model that fails to get ready is not an error here: its steps record the failure.
         """
-        models = {
-            model
-            for step in all_steps(spec)
-            if step.llm is not None
-            for model in (step.llm.model, *step.fallbacks)
-        }
-        if models:
-            with contextlib.suppress(ChainRTError):
-                await self.dispatcher.prepare(sorted(models))
+        await prepare_models(
+            self.dispatcher,
+            (
+                model
+                for step in all_steps(spec)
+                if step.llm is not None
+                for model in (step.llm.model, *step.fallbacks)
+            ),
+        )
 
     async def run(
         self,
