@@ -188,16 +188,15 @@ async def test_a_first_attempt_with_no_room_for_a_retry_runs_on_beside_the_fallb
         # One attempt at the primary, no retry, and the fallback tried beside it.
         assert len(primary) == 1, (statuses, p50, local_p90)
         assert any(r.model == "local" for r in attempts), statuses
+        # Not cut before the fallback began (the old cut logged a plain `timeout` then): the
+        # attempt ran on beside the fallback, and was either cancelled when the fallback won or
+        # reached the step's deadline first (on a loaded machine the fallback's answer can come
+        # a moment after the deadline, which the caller still gets).
+        assert primary[0].status in ("cancelled", "timeout"), (statuses, p50, local_p90)
+        assert "the fallback started beside it" in str(primary[0].detail), primary[0]
         if answer is not None:
-            # Not cut (a `timeout` before the fallback): run on, cancelled when the fallback won.
             assert answer.model == "local", statuses
-            assert primary[0].status == "cancelled", (statuses, p50, local_p90)
             assert statuses[-1] == ("local", "ok"), statuses
-        else:
-            # Neither answered in time: the attempt still ran on beside the fallback (the old
-            # cut logged a plain timeout before the fallback began).
-            assert primary[0].status == "timeout", statuses
-            assert "the fallback started beside it" in str(primary[0].detail), primary[0]
         assert time.time() <= deadline + 0.5
     finally:
         await d.close()
