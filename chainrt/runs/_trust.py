@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._errors import InputError, UntrustedRecord
@@ -33,6 +34,14 @@ from ..spec._roots import chain_roots, inside_roots, parse_chain_roots
 __all__ = ["RecordTrust", "record_mac"]
 
 _MAC_PREFIX = "hmac-sha256:"
+_PASSED_FOR_S = 2.0
+"""How long a passed folder-and-references check is reused for another run of the same chain
+folder and references. The check resolves every path (``realpath``, a few ``lstat`` each): under
+``chainrt serve`` a burst of one chain's runs paid it for every run (~0.2 ms of a ~4 ms run's
+server CPU). Only passes are kept, and only this long: a tool file removed or a folder moved out
+of the roots is refused again within this time (the tool's own call resolves it again anyway)."""
+_PASSED_MAX = 256
+"""Most passed checks kept at once (the oldest half is dropped past it)."""
 _SHOWN = 200
 """Longest stored text quoted in a refusal (a record may hold anything)."""
 
@@ -70,6 +79,9 @@ class RecordTrust:
     roots: tuple[Path, ...] = (Path("chains"),)
     allowed_modules: tuple[str, ...] = ()
     key: bytes | None = None
+    _passed: dict[tuple[str | None, tuple[str, ...]], tuple[float, Path | None]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     @classmethod
     def from_settings(cls, settings: Settings, allowed_modules: Sequence[str] = ()) -> RecordTrust:
@@ -116,6 +128,12 @@ class RecordTrust:
             if step.agent is not None
             for entry in step.agent.tools
         ]
+        # The working directory counts where no folder is stored, or none is needed.
+        memo = (record.source or None, tuple(ref for _, _, ref in refs))
+        now = time.monotonic()
+        passed = self._passed.get(memo)
+        if passed is not None and now - passed[0] < _PASSED_FOR_S:
+            return passed[1]
         folder: Path | None = None
         if any(is_file_reference(ref) for _, _, ref in refs):
             folder = self._folder(record)
@@ -126,6 +144,11 @@ class RecordTrust:
                     f"run {run_id}: step {_shown(step_id)} {kind} {_shown(ref)} is refused by this "
                     f"runner: {problem[: _SHOWN * 2]}; it was not claimed"
                 )
+        if folder is not None:  # (a check without a folder resolves no path: nothing to keep)
+            if len(self._passed) >= _PASSED_MAX:
+                for old in list(self._passed)[: _PASSED_MAX // 2]:
+                    del self._passed[old]
+            self._passed[memo] = (now, folder)
         return folder
 
     def _folder(self, record: RunRecord) -> Path:
