@@ -26,6 +26,7 @@ from .._records import RECORD_SCHEMA, OwnerLease, RunProgress, RunRecord, StepRe
 
 __all__ = [
     "FINAL_STATUSES",
+    "as_dict",
     "assemble_run",
     "check_owner",
     "decode_progress",
@@ -258,3 +259,13 @@ def _size(n: int) -> str:
     if n >= 1024:
         return f"{n / 1024:.1f} KiB"
     return f"{n} bytes"
+
+
+def as_dict(reply: Any) -> dict[bytes, bytes]:
+    """A hash as read (``HGETALL``): a dict from the client; read raw on the pipe, a flat list
+    of fields and values (RESP2) or a map (RESP3)."""
+    if isinstance(reply, dict):
+        return reply
+    if isinstance(reply, list) and len(reply) % 2 == 0:
+        return dict(zip(reply[::2], reply[1::2], strict=True))
+    raise CheckpointError(f"a hash read from Redis came back as {type(reply).__name__}")

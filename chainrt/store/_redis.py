@@ -32,6 +32,7 @@ from ._answers import AnswerCache, RedisAnswers, kept
 from ._cluster_index import FIRST_COMMIT_MAX
 from ._codec import (
     FINAL_STATUSES,
+    as_dict,
     assemble_run,
     check_owner,
     decode_progress,
@@ -195,7 +196,9 @@ class RedisStore(RedisSignals, RedisCommits, ListIndexes, CheckpointStore):
     async def get_run(self, run_id: str) -> RunRecord:
         """Load a run. RunNotFound if absent (or expired), CorruptRecord if unreadable."""
         key = self.keys.run(run_id)
-        fields = await self._call(lambda: self._hgetall(key), key=key)
+        fields = as_dict(
+            await self._read_fast(pack("HGETALL", key), key, lambda: self._hgetall(key))
+        )
         if not fields:
             raise not_found(run_id, self.url)
         return self._assemble(run_id, key, fields)
@@ -216,7 +219,9 @@ class RedisStore(RedisSignals, RedisCommits, ListIndexes, CheckpointStore):
                 result: list[Any] = await pipe.execute()
                 return result
 
-        exists, raw_steps = await self._call(read, key=steps_key)
+        commands = (pack("EXISTS", run_key), pack("HGETALL", steps_key))
+        exists, raw = await self._transaction_fast(commands, steps_key, read)
+        raw_steps = as_dict(raw)
         if not exists:
             raise not_found(run_id, self.url)
         where = f"{self.url} key {steps_key}"

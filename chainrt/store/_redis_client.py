@@ -39,6 +39,9 @@ from ..redis import (
 )
 from ._scripts import SCRIPTS
 
+_MULTI = pack("MULTI")
+_EXEC = pack("EXEC")
+
 __all__ = ["RedisConnection", "one_line"]
 
 _T = TypeVar("_T")
@@ -235,12 +238,77 @@ class RedisConnection:
     async def _script_fast(
         self, name: str, keys: Sequence[str], args: Sequence[str | bytes]
     ) -> Any:
-        """:meth:`_script`; on a cluster (without ``wait_replicas``) first as a packed EVALSHA on
-        a bare connection to the master of the keys' slot (see :meth:`_on_master`)."""
+        """:meth:`_script`, without ``wait_replicas`` first as a packed EVALSHA: on one node on
+        the pipe (:meth:`_on_pipe`), on a cluster on a bare connection to the master of the
+        keys' slot (:meth:`_on_master`)."""
         script = SCRIPTS[name]
         command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        if self.cluster is False and not self.wait_replicas:
+            return await self._on_pipe(name, command, keys, args)
         done, reply = await self._on_master(keys[0], command)
         return reply if done else await self._script(name, keys, args)
+
+    async def _on_pipe(
+        self, name: str, command: bytes, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> Any:
+        """On one node (without ``wait_replicas``): the script call ``command`` (``name`` with
+        ``keys`` and ``args``, packed) on the pipe (:meth:`chainrt.redis.LeanRedis.pipelined`: written at once, or with the
+        other calls of this loop turn in one write; never behind another round trip). If the
+        pipe fails, or the server lost its scripts, the call goes again through the client
+        (:meth:`_script`: retried, the script loaded; every script is safe to send twice)."""
+        try:
+            reply = await self._fast.pipelined(command)
+        except Exception:  # its outcome is unknown (the pipe broke or timed out)
+            return await self._script(name, keys, args)
+        if isinstance(reply, rx.NoScriptError):
+            return await self._script(name, keys, args)
+        if isinstance(reply, rx.ResponseError):
+            raise self._refused(reply, keys[0])
+        return reply
+
+    async def _read_fast(
+        self, command: bytes, key: str, slow: Callable[[], Awaitable[_T]]
+    ) -> _T | Any:
+        """A read (``command``, packed; its key ``key``): on one node on the pipe, like the
+        commits (redis-py's command layer around a read cost about as much CPU as the rest of a
+        served run's reads); elsewhere, or if the pipe fails, ``slow`` through the client
+        (:meth:`_call`: connected, retried, its errors mapped). A Redis error reply is raised as
+        the store's error."""
+        if self.cluster is not False:
+            return await self._call(slow, key=key)
+        try:
+            reply = await self._fast.pipelined(command)
+        except Exception:  # the pipe broke or timed out: a read is safe to send again
+            return await self._call(slow, key=key)
+        if isinstance(reply, rx.ResponseError):
+            raise self._refused(reply, key)
+        return reply
+
+    async def _transaction_fast(
+        self, commands: Sequence[bytes], key: str, slow: Callable[[], Awaitable[_T]]
+    ) -> _T | list[Any]:
+        """Reads (``commands``, packed; in ``key``'s slot) in one ``MULTI``/``EXEC`` on the open
+        pipe: their replies in order. Written in one go with nothing between them (no await
+        until all are sent). With no pipe open, on a cluster, or if the pipe fails: ``slow``
+        through the client (:meth:`_call`)."""
+        lean = self._fast if self.cluster is False else None
+        multi = None if lean is None else lean.send_unconfirmed(_MULTI)
+        if lean is None or multi is None:
+            return await self._call(slow, key=key)
+        sent = [multi, *(lean.send_unconfirmed(command) for command in commands)]
+        sent.append(lean.send_unconfirmed(_EXEC))
+        try:
+            replies = [await future for future in sent if future is not None]
+        except Exception:  # the pipe broke or timed out: reads are safe to send again
+            return await self._call(slow, key=key)
+        got = replies[-1]
+        if len(replies) != len(commands) + 2 or not isinstance(got, list):
+            error = got if isinstance(got, rx.ResponseError) else rx.ResponseError(repr(got))
+            raise self._refused(error, key)
+        for reply in got:
+            if isinstance(reply, rx.ResponseError):
+                raise self._refused(reply, key)
+        return got
 
     async def _on_master(self, key: str, command: bytes) -> tuple[bool, Any]:
         """On a cluster (without ``wait_replicas``), ``command`` (packed, its keys in ``key``'s

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis import exceptions as rx
@@ -168,24 +167,6 @@ class RedisCommits(RedisConnection):
         if group is None:
             group = self._per_master[master] = InFlightGroup(self._send_to_masters)
         await group.submit(_Commit(run_id, token, keys, args, slot, script))
-
-    async def _on_pipe(
-        self, name: str, command: bytes, keys: Sequence[str], args: Sequence[str | bytes]
-    ) -> Any:
-        """On one node (without ``wait_replicas``): the script call ``command`` (``name`` with
-        ``keys`` and ``args``, packed) on the pipe (:meth:`chainrt.redis.LeanRedis.pipelined`: written at once, or with the
-        other calls of this loop turn in one write; never behind another round trip). If the
-        pipe fails, or the server lost its scripts, the call goes again through the client
-        (:meth:`_script`: retried, the script loaded; every script is safe to send twice)."""
-        try:
-            reply = await self._fast.pipelined(command)
-        except Exception:  # its outcome is unknown (the pipe broke or timed out)
-            return await self._script(name, keys, args)
-        if isinstance(reply, rx.NoScriptError):
-            return await self._script(name, keys, args)
-        if isinstance(reply, rx.ResponseError):
-            raise self._refused(reply, keys[0])
-        return reply
 
     async def _send_to_masters(self, commits: list[_Commit]) -> Outcomes:
         """On a cluster: the commits grouped by the master of their run's slot (the cluster
