@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from ._events import RunEvent
-from .redis import split_options
+from .redis import LeanRedis, pack, split_options
 from .redis.keys import PREFIX as _PREFIX
 from .redis.keys import cancel_channel, events_channel, replay_channel, runs_channel
 
@@ -53,6 +53,9 @@ log = logging.getLogger("chainrt.bus")
 
 _BACKOFF_S = (0.05, 0.2, 0.5, 1.0)
 _PUBLISH_BATCH = 256
+_PUBLISH_TIMEOUT_S = 5.0
+"""A batch of events not answered within this is given up (logged); the next opens a new
+connection."""
 
 
 def _notice(run_id: str, status: str | None) -> str:
@@ -308,27 +311,33 @@ class EventPublisher:
             self._task = asyncio.ensure_future(self._send())
 
     async def _send(self) -> None:
+        # The batch goes out as packed PUBLISH commands on a bare connection, in one write
+        # (redis-py's pipeline packed and parsed them at ~4x the CPU: 8-14 a served run).
         client = _client(self._url)
+        lean = LeanRedis(client, timeout_s=_PUBLISH_TIMEOUT_S)
+        runs = runs_channel(self._prefix)
         try:
             while True:
                 batch = [await self._queue.get()]
                 while not self._queue.empty() and len(batch) < _PUBLISH_BATCH:
                     batch.append(self._queue.get_nowait())
+                commands = []
+                for item in batch:
+                    if isinstance(item, tuple):
+                        commands.append(pack("PUBLISH", runs, _notice(*item)))
+                        continue
+                    channel = events_channel(item.run_id, self._prefix)
+                    commands.append(pack("PUBLISH", channel, json.dumps(item.to_dict())))
+                    notice = _event_notice(item)
+                    if notice is not None:
+                        commands.append(pack("PUBLISH", runs, notice))
                 try:
-                    async with client.pipeline(transaction=False) as pipe:
-                        for item in batch:
-                            if isinstance(item, tuple):
-                                pipe.publish(runs_channel(self._prefix), _notice(*item))
-                                continue
-                            channel = events_channel(item.run_id, self._prefix)
-                            pipe.publish(channel, json.dumps(item.to_dict()))
-                            notice = _event_notice(item)
-                            if notice is not None:
-                                pipe.publish(runs_channel(self._prefix), notice)
-                        await pipe.execute()
+                    await lean.call([b"".join(commands)], replies=len(commands))
                 except (rx.RedisError, OSError) as exc:
                     log.warning("%d run events not published (%s)", len(batch), exc)
         finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(lean.aclose())
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.aclose())
 
