@@ -46,13 +46,14 @@ if TYPE_CHECKING:
         split_options,
     )
     from ._cluster_lean import LOST, REDIRECTED, ClusterLean
-    from ._lean import LeanRedis, pack, pack_args
+    from ._lean import NOT_SENT, LeanRedis, pack, pack_args
     from ._script_path import FALLBACK, eval_through, send_bare
 
 __all__ = [
     "CLUSTER_TRANSIENT",
     "FALLBACK",
     "LOST",
+    "NOT_SENT",
     "REDIRECTED",
     "ClusterLean",
     "LeanRedis",
@@ -83,6 +84,7 @@ _HOMES = {
     "REDIRECTED": "_cluster_lean",
     "ClusterLean": "_cluster_lean",
     "LeanRedis": "_lean",
+    "NOT_SENT": "_lean",
     "pack": "_lean",
     "pack_args": "_lean",
     "FALLBACK": "_script_path",

@@ -18,7 +18,7 @@ a reply meant for another. Nothing here retries: the callers do (their scripts a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio.retry import Retry
@@ -29,7 +29,10 @@ from .._watchdog import Watchdog
 from ._pipe import Pipe
 from ._resp import read_replies, write
 
-__all__ = ["LeanRedis", "pack", "pack_args"]
+__all__ = ["NOT_SENT", "LeanRedis", "pack", "pack_args"]
+
+NOT_SENT: Any = object()
+"""What :meth:`LeanRedis.multi_unconfirmed` returns when no pipe is open (nothing was sent)."""
 
 
 def pack(*args: bytes | str | int | float) -> bytes:
@@ -62,6 +65,10 @@ def _other(arg: object) -> bytes:
     if isinstance(arg, int | float) and not isinstance(arg, bool):
         return repr(arg).encode()
     raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+
+
+_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
+_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 
 
 class LeanRedis:
@@ -134,6 +141,20 @@ class LeanRedis:
         if pipe is None or pipe.error is not None or self._closed:
             return None
         return pipe.send(command)
+
+    async def multi_unconfirmed(self, commands: Sequence[bytes]) -> Any:
+        """``commands`` (each packed by :func:`pack`) in one ``MULTI``/``EXEC`` on the open
+        pipe, written together with nothing between them: ``EXEC``'s reply (a list of their
+        replies, a Redis error reply in its place as a ``ResponseError`` instance), or the
+        error reply that refused the transaction (``EXECABORT``), returned. :data:`NOT_SENT`
+        (nothing sent) when no pipe is open or the last one broke. Fails as :meth:`call` does."""
+        pipe = self._pipe
+        if pipe is None or pipe.error is not None or self._closed:
+            return NOT_SENT
+        sent = [pipe.send(_MULTI), *(pipe.send(command) for command in commands)]
+        sent.append(pipe.send(_EXEC))
+        replies = await asyncio.gather(*sent)  # (every failure retrieved, none left unread)
+        return replies[-1]
 
     async def _open_and_send(self, command: bytes) -> Any:
         pipe = await self._open_pipe()

@@ -33,8 +33,10 @@ and retried ``MULTI`` are :mod:`._queue_redis`'s, the upkeep and dead letters
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..redis import NOT_SENT, pack
 from ._queue_base import (
     PRIORITIES,
     DeadLetter,
@@ -98,10 +100,19 @@ class RedisQueue(RedisUpkeep):
     # ------------------------------------------------------------------ the hot path
 
     async def put(self, entry: Entry, priority: Priority) -> None:
-        """``XADD`` to the stream of the entry's chain and priority."""
+        """``XADD`` to the stream of the entry's chain and priority (on one node on the pipe;
+        if it fails there, through the client: an entry added twice is still run once, as the
+        claim of its run is fenced)."""
         stream = self.keys.stream(priority, entry.chain or None)
         await self._groups()
-        await self._client.xadd(stream, entry.fields())
+        fields = entry.fields()
+        lean = self._pipe()
+        if lean is not None:
+            flat = [part for pair in fields.items() for part in pair]
+            reply = await _on_pipe(lean.pipelined, pack("XADD", stream, "*", *flat))
+            if reply is not _SLOW:
+                return
+        await self._client.xadd(stream, fields)
 
     async def take(self, wait_s: float) -> Delivery | None:
         """Critical first: one non-blocking read of the classes in order (on one node one
@@ -152,7 +163,14 @@ class RedisQueue(RedisUpkeep):
             self._take_script = self._client.register_script(_TAKE_SCRIPT)
         keys = [s for p in PRIORITIES for s in self._by_priority[p]]
         counts = [len(self._by_priority[p]) for p in PRIORITIES]
-        reply = await self._take_script(keys=keys, args=[GROUP, self.consumer, *counts])
+        reply = _SLOW
+        lean = self._pipe()
+        if lean is not None:  # NOSCRIPT (first use, or Redis restarted): the client loads it
+            sha = self._take_script.sha
+            command = pack("EVALSHA", sha, len(keys), *keys, GROUP, self.consumer, *counts)
+            reply = await _on_pipe(lean.pipelined, command)
+        if reply is _SLOW:
+            reply = await self._take_script(keys=keys, args=[GROUP, self.consumer, *counts])
         out = []
         for raw_stream, messages in reply or []:
             stream = as_text(raw_stream)
@@ -163,8 +181,16 @@ class RedisQueue(RedisUpkeep):
         return out
 
     async def ack(self, delivery: Delivery) -> None:
-        """``XACK`` + ``XDEL``: the entry is done."""
+        """``XACK`` + ``XDEL``: the entry is done (one ``MULTI``; on one node on the pipe)."""
         stream = self._stream_of(delivery)
+        lean = self._pipe()
+        if lean is not None:
+            commands = (
+                pack("XACK", stream, GROUP, delivery.entry_id),
+                pack("XDEL", stream, delivery.entry_id),
+            )
+            if await _on_pipe(lean.multi_unconfirmed, commands) is not _SLOW:
+                return
 
         def queue(pipe: Any) -> None:
             pipe.xack(stream, GROUP, delivery.entry_id)
@@ -183,3 +209,30 @@ class RedisQueue(RedisUpkeep):
             pipe.xdel(stream, delivery.entry_id)
 
         await self._transaction(queue)
+
+
+_SLOW: Any = object()
+"""What :func:`_on_pipe` returns for a command to send again through the client."""
+
+
+async def _on_pipe(send: Callable[[Any], Awaitable[Any]], command: Any) -> Any:
+    """``send(command)`` on a queue's pipe: its reply; a Redis error reply raised (as redis-py
+    raises it: ``NOGROUP`` reaches :meth:`RedisStreams._guarded`); :data:`_SLOW` where the
+    command must go through the client instead: nothing was sent (no pipe open), the server
+    lost the take script (``NOSCRIPT``: the client loads it), or the pipe broke or timed out
+    (the client retries; every command here is safe to send again)."""
+    from redis import exceptions as rx
+
+    try:
+        reply = await send(command)
+    except (rx.ConnectionError, rx.TimeoutError, OSError):
+        return _SLOW
+    if reply is NOT_SENT or isinstance(reply, rx.NoScriptError):
+        return _SLOW
+    if isinstance(reply, rx.ResponseError):
+        raise reply
+    if isinstance(reply, list):  # (a MULTI's replies: one refused is raised the same way)
+        for item in reply:
+            if isinstance(item, rx.ResponseError):
+                raise item
+    return reply

@@ -93,6 +93,7 @@ class RedisStreams(RunQueue):
         self._backlog: list[Delivery] = []
         self._take_script: Any = None
         self._ready = False
+        self._lean: Any = None  # (LeanRedis, made on first use on one node)
 
     # ------------------------------------------------------------------ groups and faults
 
@@ -152,6 +153,19 @@ class RedisStreams(RunQueue):
         for client in old:
             await client.aclose()
 
+    def _pipe(self) -> Any:
+        """On one node, the queue client's bare connections (:class:`chainrt.redis.LeanRedis`):
+        the hot path's commands go on their pipe, as the store's commits do (redis-py's
+        command layer cost more CPU than the commands). None on a cluster or before the first
+        call has found out which it is."""
+        if self.cluster is not False:
+            return None
+        if self._lean is None:
+            from ..redis import LeanRedis
+
+            self._lean = LeanRedis(self._client, timeout_s=SOCKET_TIMEOUT_S)
+        return self._lean
+
     def _stream_of(self, delivery: Delivery) -> str:
         return delivery.stream or self.keys.stream(delivery.priority)
 
@@ -184,6 +198,8 @@ class RedisStreams(RunQueue):
 
         with contextlib.suppress(Exception):
             await self._client.hdel(self.keys.runners, self.consumer)
+        if self._lean is not None:
+            await self._lean.aclose()
         await close_client(self._client)
         await close_client(self._blocking)
 

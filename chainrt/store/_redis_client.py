@@ -27,6 +27,7 @@ from .._settings import get_settings
 from ..redis import (
     CLUSTER_TRANSIENT,
     FALLBACK,
+    NOT_SENT,
     ClusterLean,
     LeanRedis,
     close_client,
@@ -38,9 +39,6 @@ from ..redis import (
     send_bare,
 )
 from ._scripts import SCRIPTS
-
-_MULTI = pack("MULTI")
-_EXEC = pack("EXEC")
 
 __all__ = ["RedisConnection", "one_line"]
 
@@ -288,21 +286,17 @@ class RedisConnection:
         self, commands: Sequence[bytes], key: str, slow: Callable[[], Awaitable[_T]]
     ) -> _T | list[Any]:
         """Reads (``commands``, packed; in ``key``'s slot) in one ``MULTI``/``EXEC`` on the open
-        pipe: their replies in order. Written in one go with nothing between them (no await
-        until all are sent). With no pipe open, on a cluster, or if the pipe fails: ``slow``
-        through the client (:meth:`_call`)."""
-        lean = self._fast if self.cluster is False else None
-        multi = None if lean is None else lean.send_unconfirmed(_MULTI)
-        if lean is None or multi is None:
+        pipe (:meth:`chainrt.redis.LeanRedis.multi_unconfirmed`): their replies in order. With no
+        pipe open, on a cluster, or if the pipe fails: ``slow`` through the client (:meth:`_call`)."""
+        if self.cluster is not False:
             return await self._call(slow, key=key)
-        sent = [multi, *(lean.send_unconfirmed(command) for command in commands)]
-        sent.append(lean.send_unconfirmed(_EXEC))
         try:
-            replies = [await future for future in sent if future is not None]
+            got = await self._fast.multi_unconfirmed(commands)
         except Exception:  # the pipe broke or timed out: reads are safe to send again
             return await self._call(slow, key=key)
-        got = replies[-1]
-        if len(replies) != len(commands) + 2 or not isinstance(got, list):
+        if got is NOT_SENT:
+            return await self._call(slow, key=key)
+        if not isinstance(got, list):
             error = got if isinstance(got, rx.ResponseError) else rx.ResponseError(repr(got))
             raise self._refused(error, key)
         for reply in got:
