@@ -29,7 +29,7 @@ from .._records import RunRecord
 from .._run._tool import sync_tools_running
 from ..runs._lease import owner_state, this_host
 from ._fail import fail_in_store
-from ._queue import Delivery
+from ._queue import Delivery, Entry
 
 if TYPE_CHECKING:
     from ._service import Service
@@ -114,27 +114,40 @@ class EntryHandler:
         if entry is None:
             fields = ", ".join(f"{k}={v[:40]!r}" for k, v in delivery.raw) or "none"
             raise PoisonEntry(f"the queue entry's fields are no run entry ({fields})")
+        # A run submitted here a moment ago starts from the record the submit wrote
+        # (_submitted.py). If it changed since (a cancel claimed it), the claim is fenced out:
+        # the entry is then handled from the store's record, as any other.
+        kept = self._service.submitted.take(entry.run_id)
+        if kept is not None and await self._run(delivery, entry, kept):
+            return
+        await self._run(delivery, entry, None)
+
+    async def _run(self, delivery: Delivery, entry: Entry, record: RunRecord | None) -> bool:
+        """:meth:`run_entry` with the run's ``record`` (None: read from the store). False (and
+        nothing done) when the record given was stale: its claim was fenced out."""
         store = self._service.runtime.store
+        given = record is not None
         try:
-            record = await store.get_run(entry.run_id)
+            if record is None:
+                record = await store.get_run(entry.run_id)
         except RunNotFound:
             log.warning("queue entry for unknown run %s dropped", entry.run_id)
             await self._service.queue.ack(delivery)
-            return
+            return True
         resume = entry.op == "resume" and record.status != "completed"
         if record.finished and not resume:
             await self._service.queue.ack(delivery)  # done already (or cancelled while queued)
-            return
+            return True
         if record.status == "running":
             record = await self.outlive_lease(record)
             if record.finished and not resume:
                 await self._service.queue.ack(delivery)  # it ended (or was cancelled) meanwhile
-                return
+                return True
             state = owner_state(record.owner, now=time.time(), host=this_host())
             if record.status == "running" and not state.gone:
-                return  # its owner lives: leave the entry; it is looked at again if orphaned
+                return True  # its owner lives: leave the entry; it is looked at again if orphaned
         if entry.run_id in self._service.runtime.active():
-            return
+            return True
         await self._fence_tools(entry.run_id, cancelled=record.status == "cancelled")
         stopped = True  # by a cancel or a fence, unless it ends otherwise
         try:
@@ -152,12 +165,14 @@ class EntryHandler:
             # lease back; the entry goes back for another runner.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._service.queue.hand_back(delivery))
-            return
+            return True
         except RunLocked:
             stopped = False  # it never ran here: the fence, if any, is not this runner's
-            return  # someone else owns it now; their entry (or this one, later) finishes it
+            return True  # someone else owns it now; their entry (or this one, later) finishes it
         except FencedOut:
-            return  # someone else owns it now; their entry (or this one, later) finishes it
+            # Someone else owns it now; their entry (or this one, later) finishes it. Or the
+            # record given was stale (a cancel claimed the run): handled again from the store.
+            return not given
         except UntrustedRecord as exc:
             # Refused by this runner's trust rules: that will not change by trying again.
             log.warning("run %s refused: %s", entry.run_id, exc)
@@ -166,6 +181,7 @@ class EntryHandler:
             if self._service.tool_fence is not None:
                 self._service.tool_fence.after_run(entry.run_id, stopped=stopped)
         await self._service.queue.ack(delivery)
+        return True
 
     async def _fence_tools(self, run_id: str, *, cancelled: bool) -> None:
         """Wait while a sync tool of the run still runs in this process (abandoned by a cancel

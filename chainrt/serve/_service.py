@@ -48,6 +48,7 @@ from ._queue import Delivery, Entry, LocalQueue, RedisQueue, RunQueue
 from ._queue_dead import dead_letter_book
 from ._signal_api import waits_loop
 from ._streams import StreamSlots
+from ._submitted import JustSubmitted
 from ._supervise import LoopHealth, supervise
 from ._tool_fence import ToolFence
 from ._watch import Watchers
@@ -107,6 +108,8 @@ class Service:
         """Entries this runner moved to the dead letters."""
         self._served: tuple[float, set[str] | None] = (float("-inf"), None)
         self._handler = EntryHandler(self)
+        self.submitted = JustSubmitted()
+        """Records of runs submitted here, for this server's taker (not read back)."""
         self._publisher: Any = None
         self.tool_fence: ToolFence | None = None
         """On Redis: the fleet-wide fence of cancelled runs' abandoned sync tools."""
@@ -262,7 +265,12 @@ class Service:
                 # again (a second entry is harmless: only one claim of the run can succeed).
                 await self.queue.put(Entry(existing.run_id, chain=chain.name), request.priority)
             return SubmitOutcome("existing", existing)
-        await self._queue_new(record, request)
+        self.submitted.keep(record)  # before the entry: the taker may run before put returns
+        try:
+            await self._queue_new(record, request)
+        except BaseException:
+            self.submitted.forget(record.run_id)
+            raise
         self._changed(record.run_id, "queued")
         return SubmitOutcome("created", record)
 
