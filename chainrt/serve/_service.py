@@ -301,7 +301,10 @@ class Service:
         store = self.runtime.store
         steps = None
         if wait_s > 0:
-            record, steps = await self.watchers.wait_final(run_id, wait_s)
+            waited = await self.watchers.wait_final(run_id, wait_s)
+            if isinstance(waited, RunResult):  # told by its run_finished here: nothing read
+                return waited
+            record, steps = waited
         else:
             record = await store.get_run(run_id)
         if steps is None:

@@ -31,8 +31,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from .._events import RunEvent, history
 from .._records import RunRecord, StepRecord
+from .._result import RunResult
 from .._runtime import Runtime
 from ._feed import parse_notice
 from ._inflight import InFlight, event_key
@@ -270,11 +273,13 @@ class Watchers:
 
     async def wait_final(
         self, run_id: str, wait_s: float
-    ) -> tuple[RunRecord, dict[str, StepRecord] | None]:
+    ) -> RunResult | tuple[RunRecord, dict[str, StepRecord] | None]:
         """Return the run's record once it is final or parked at a wait, or when ``wait_s`` has
         passed (the record as last read), with its steps when they were read with it: once told
         that the run ended, the record and the steps are read at once (one round trip's wait,
-        not two; both are read after the final write, so they agree).
+        not two; both are read after the final write, so they agree). A run this process
+        executed tells its result itself (its ``run_finished`` carries the whole result, sent
+        after the final write): that result is returned, nothing is read.
 
         A run this process executes wakes its waiters in process (its ``run_finished``). On
         Redis, one executed or cancelled elsewhere wakes them through the notices every process
@@ -291,6 +296,8 @@ class Watchers:
 
         def on_event(event: RunEvent) -> None:
             if event.final:
+                if event.type == "run_finished":
+                    woken.told = event.data
                 woken.wake(True)
 
         runtime.listen(run_id, on_event)
@@ -298,6 +305,10 @@ class Watchers:
         store = runtime.store
         try:
             while True:
+                if woken.told is not None:
+                    with contextlib.suppress(ValidationError):  # (then read as any other)
+                        return RunResult.model_validate(woken.told)
+                    woken.told = None
                 ended, woken.ended = woken.ended, False
                 woken.event.clear()  # before the read: a wake-up after it is not lost
                 steps: dict[str, StepRecord] | None = None
@@ -325,11 +336,13 @@ class _Waiter:
     """One ``?wait=``: woken when its run may have ended; ``ended`` once told so by something
     sent after the run's final write (its ``run_finished``, a notice with its final status)."""
 
-    __slots__ = ("ended", "event")
+    __slots__ = ("ended", "event", "told")
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.ended = False
+        self.told: dict[str, Any] | None = None
+        """The run's result, told by its ``run_finished`` in this process."""
 
     def wake(self, ended: bool) -> None:
         self.ended = self.ended or ended
