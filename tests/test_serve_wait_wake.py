@@ -56,7 +56,9 @@ async def test_a_wait_is_woken_by_the_notice_of_a_run_ended_elsewhere(
                 await publisher.publish(runs_channel(), notice)
             else:
                 await publisher.publish(cancel_channel(), "far")
-            record, steps = await waiting
+            waited = await waiting
+            assert isinstance(waited, tuple)  # ended elsewhere: read, not told in process
+            record, steps = waited
             assert record.status == "failed"
             # Told by the notice of its final status (sent after the final write), the waiter
             # read the steps with the record; told of a cancel (sent before it), not.
@@ -94,7 +96,9 @@ async def test_a_notice_of_another_run_or_of_a_start_wakes_nobody(
                 {"run_id": "mine", "status": "running"},
             ):
                 await publisher.publish(runs_channel(), json.dumps(notice))
-            record, _ = await waiting
+            waited = await waiting
+            assert isinstance(waited, tuple)
+            record, _ = waited
             assert record.status == "queued"  # the wait ended with the run still queued
             assert reads == 2  # once at the start, once when the wait ran out: no wake-up between
         finally:
