@@ -10,18 +10,19 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+import test_store_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chainrt._errors import CorruptRecord, RunNotFound
 from chainrt._records import RunProgress
 from chainrt.redis import pack
 from chainrt.store import DEFAULT_MAX_RECORD_BYTES, CheckpointStore, RedisStore
-from chainrt.testing.store_conformance import StoreConformance, StoreFactory, make_run, make_step
+from chainrt.testing.store_conformance import StoreFactory, make_run, make_step
 
 _RUNNING = RunProgress(status="running", budget_used_ms=1.0)
 
 
-class TestRedisStoreResp3(StoreConformance):
+class TestRedisStoreResp3(test_store_redis.TestRedisStore):
     """Every conformance test with the store's connections speaking RESP3 (``protocol=3``):
     a hash read on the pipe is then a map, not a flat list."""
 
@@ -37,17 +38,6 @@ class TestRedisStoreResp3(StoreConformance):
             )
 
         return make
-
-    async def corrupt(
-        self, store: CheckpointStore, run_id: str, payload: str, *, step_id: str | None = None
-    ) -> None:
-        assert isinstance(store, RedisStore)
-        client = aioredis.Redis.from_url(store.raw_url)
-        if step_id is None:
-            await client.hset(store.keys.run(run_id), "record", payload)
-        else:
-            await client.hset(store.keys.steps(run_id), step_id, payload)
-        await client.aclose()
 
 
 @pytest.fixture(params=["2", "3"])
