@@ -559,3 +559,27 @@ async def test_a_fallback_whose_context_cannot_hold_the_request_is_skipped() -> 
     assert skipped.detail == (
         "~3129 prompt + 64 max_tokens do not fit its 2048-token context window"
     )
+
+
+@pytest.mark.parametrize(
+    ("queue", "expected"), [(0, (0.6, True)), (9, (0.6, True)), (10, (1.0, False))]
+)
+def test_attempt_plan_counts_the_queue_where_the_retry_would_go(
+    queue: int, expected: tuple[float, bool]
+) -> None:
+    # 3 s step, the fallback keeps 400 ms, the stuck cut at 600 ms: 2 s left for a retry of
+    # 200 ms behind `queue` requests; 10 ahead (2.2 s) do not fit, so no retry is planned and
+    # the attempt gets the fallback's cut (5 x its median) and runs on beside the fallback.
+    end, retry = attempt_plan(
+        0.0,
+        3.0,
+        reserve_s=0.5,
+        own_p50_s=0.2,
+        attempt_timeout_s=None,
+        retry_elsewhere=True,
+        keep_s=0.4,
+        streamed=False,
+        retry_queue=queue,
+    )
+    assert end == pytest.approx(expected[0])
+    assert retry is expected[1]

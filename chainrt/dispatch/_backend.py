@@ -65,6 +65,11 @@ class ModelBackend(abc.ABC):
         backend does not count them; the dispatcher's count of the model's attempts stands in)."""
         return None
 
+    def busiest_in_flight(self, avoid: frozenset[str]) -> int:
+        """Requests in flight on the busiest usable endpoint outside ``avoid``: what a retry on
+        another endpoint than the least busy one may find ahead of it (0: not counted)."""
+        return 0
+
     def places(self) -> int:
         """How many places requests go to (endpoints); 1 for the in-process model.
 

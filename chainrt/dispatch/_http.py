@@ -124,6 +124,16 @@ class HttpBackend(ModelBackend):
         ]
         return min(counts) if counts else None
 
+    def busiest_in_flight(self, avoid: frozenset[str]) -> int:
+        table = self.resources.table
+        now = time.monotonic()
+        counts = [
+            table.state(url).in_flight
+            for url, _ in self.endpoints
+            if url not in avoid and table.why_unusable(table.state(url), now) is None
+        ]
+        return max(counts, default=0)
+
     def places(self) -> int:
         return len(self.endpoints)
 

@@ -176,10 +176,9 @@ class ModelTry:
             self.deadline,
             reserve_s=self.reserve_s,
             own_p50_s=p50,
-            attempt_timeout_s=None
-            if call.attempt_timeout_ms is None
-            else call.attempt_timeout_ms / 1000,
+            attempt_timeout_s=call.attempt_timeout_ms and call.attempt_timeout_ms / 1000,
             retry_elsewhere=retry_elsewhere,
+            retry_queue=self.backend.busiest_in_flight(frozenset(self.avoid)),
             keep_s=fallback_need(rest, left, keep_partial=call.keep_partial),
             streamed=call.on_token is not None,
         )

@@ -269,6 +269,7 @@ def attempt_plan(
     retry_elsewhere: bool,
     keep_s: float,
     streamed: bool,
+    retry_queue: int = 0,
 ) -> tuple[float, bool]:
     """The attempt's cut (:func:`attempt_end`) and whether a retry elsewhere still follows it.
 
@@ -278,7 +279,10 @@ def attempt_plan(
     would be skipped. In ``bench/fallback.py`` at 1.5x headroom, 31 of 32 failed steps were a
     first attempt cut 180-880 ms into a 1-1.8 s allotment, no retry, and the local model cut
     behind one or two other runs' fallbacks. A streamed attempt keeps its cut (its tokens
-    cannot be taken back, so it is never run beside a fallback).
+    cannot be taken back, so it is never run beside a fallback). ``retry_queue``: the requests
+    in flight where the retry would go (the busiest usable endpoint): the retry must fit its
+    median behind each of them (at 1.8x headroom, 8 runs at a time, the failed steps' first
+    attempts were cut with 2-8 requests in flight on the workers, and no retry followed).
     """
 
     def end(retry: bool) -> float:
@@ -296,7 +300,8 @@ def attempt_plan(
     cut = end(retry_elsewhere)
     if not retry_elsewhere or reserve_s <= 0 or streamed:
         return cut, retry_elsewhere
-    if retry_fits(cut, deadline, keep_s=keep_s, own_p50_s=own_p50_s):
+    retry_p50 = None if own_p50_s is None else own_p50_s * (1 + max(retry_queue, 0))
+    if retry_fits(cut, deadline, keep_s=keep_s, own_p50_s=retry_p50):
         return cut, True
     return end(False), False
 
