@@ -115,24 +115,21 @@ class HttpBackend(ModelBackend):
         )
 
     def least_in_flight(self, avoid: frozenset[str]) -> int | None:
-        table = self.resources.table
-        now = time.monotonic()
-        counts = [
-            table.state(url).in_flight
-            for url, _ in self.endpoints
-            if url not in avoid and table.why_unusable(table.state(url), now) is None
-        ]
+        counts = self._in_flight(avoid)
         return min(counts) if counts else None
 
     def busiest_in_flight(self, avoid: frozenset[str]) -> int:
+        return max(self._in_flight(avoid), default=0)
+
+    def _in_flight(self, avoid: frozenset[str]) -> list[int]:
+        """Requests in flight on each usable endpoint outside ``avoid``."""
         table = self.resources.table
         now = time.monotonic()
-        counts = [
+        return [
             table.state(url).in_flight
             for url, _ in self.endpoints
             if url not in avoid and table.why_unusable(table.state(url), now) is None
         ]
-        return max(counts, default=0)
 
     def places(self) -> int:
         return len(self.endpoints)
