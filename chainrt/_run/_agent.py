@@ -44,7 +44,6 @@ from ..concurrency import Limiter
 from ..dispatch import Dispatcher, LlmCall
 from ..spec import ChainSpec, StepSpec, render_value
 from ..spec._agent import AgentSpec, call_path, turn_path
-from ..spec._flow_check import all_steps
 from ._agent_approval import Parked, decide, refusal
 from ._intercept import AgentPart, RunInterceptor, chain_agent_parts
 from ._journal import RunJournal, _Unrecordable
@@ -86,13 +85,7 @@ class AgentExecutor:
     async def prepare(self, spec: ChainSpec) -> None:
         """Get the agents' models ready before the budget clock runs (as the llm executor)."""
         await prepare_models(
-            self.dispatcher,
-            (
-                model
-                for step in all_steps(spec)
-                if step.agent is not None
-                for model in (step.agent.model, *step.fallbacks)
-            ),
+            self.dispatcher, spec, lambda step: None if step.agent is None else step.agent.model
         )
 
     def tools(self, step: StepSpec, chain_dir: Path) -> list[AgentTool]:

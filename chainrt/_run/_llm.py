@@ -11,7 +11,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +112,21 @@ async def _answered(
     ), answer
 
 
-async def prepare_models(dispatcher: Dispatcher, models: Iterable[str]) -> None:
-    """Get ``models`` ready (load the in-process model) before the budget clock runs, for the
-    llm and agent executors. A model that fails to get ready is not an error here: its steps
+async def prepare_models(
+    dispatcher: Dispatcher, spec: ChainSpec, model_of: Callable[[StepSpec], str | None]
+) -> None:
+    """Get the models of ``spec``'s steps ready (load the in-process model) before the budget
+    clock runs, for the llm and agent executors: each step's ``model_of`` (None: not such a
+    step) and its fallbacks. A model that fails to get ready is not an error here: its steps
     record the failure."""
-    names = sorted(set(models))
+    names = sorted(
+        {
+            name
+            for step in all_steps(spec)
+            if (model := model_of(step)) is not None
+            for name in (model, *step.fallbacks)
+        }
+    )
     if names:
         with contextlib.suppress(ChainRTError):
             await dispatcher.prepare(names)
@@ -136,13 +146,7 @@ class LlmExecutor:
         A model that fails to get ready is not an error here: its steps record the failure.
         """
         await prepare_models(
-            self.dispatcher,
-            (
-                model
-                for step in all_steps(spec)
-                if step.llm is not None
-                for model in (step.llm.model, *step.fallbacks)
-            ),
+            self.dispatcher, spec, lambda step: None if step.llm is None else step.llm.model
         )
 
     async def run(
