@@ -33,10 +33,9 @@ and retried ``MULTI`` are :mod:`._queue_redis`'s, the upkeep and dead letters
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..redis import NOT_SENT, pack
+from ..redis import FALLBACK, LOST, NOT_SENT, LeanRedis, pack, send_bare
 from ._queue_base import (
     PRIORITIES,
     DeadLetter,
@@ -109,7 +108,7 @@ class RedisQueue(RedisUpkeep):
         lean = self._pipe()
         if lean is not None:
             flat = [part for pair in fields.items() for part in pair]
-            reply = await _on_pipe(lean.pipelined, pack("XADD", stream, "*", *flat))
+            reply = await _on_pipe(lean, pack("XADD", stream, "*", *flat))
             if reply is not _SLOW:
                 return
         await self._client.xadd(stream, fields)
@@ -168,7 +167,7 @@ class RedisQueue(RedisUpkeep):
         if lean is not None:  # NOSCRIPT (first use, or Redis restarted): the client loads it
             sha = self._take_script.sha
             command = pack("EVALSHA", sha, len(keys), *keys, GROUP, self.consumer, *counts)
-            reply = await _on_pipe(lean.pipelined, command)
+            reply = await _on_pipe(lean, command)
         if reply is _SLOW:
             reply = await self._take_script(keys=keys, args=[GROUP, self.consumer, *counts])
         out = []
@@ -189,7 +188,7 @@ class RedisQueue(RedisUpkeep):
                 pack("XACK", stream, GROUP, delivery.entry_id),
                 pack("XDEL", stream, delivery.entry_id),
             )
-            if await _on_pipe(lean.multi_unconfirmed, commands) is not _SLOW:
+            if await _on_pipe(lean, commands) is not _SLOW:
                 return
 
         def queue(pipe: Any) -> None:
@@ -215,19 +214,22 @@ _SLOW: Any = object()
 """What :func:`_on_pipe` returns for a command to send again through the client."""
 
 
-async def _on_pipe(send: Callable[[Any], Awaitable[Any]], command: Any) -> Any:
-    """``send(command)`` on a queue's pipe: its reply; a Redis error reply raised (as redis-py
-    raises it: ``NOGROUP`` reaches :meth:`RedisStreams._guarded`); :data:`_SLOW` where the
-    command must go through the client instead: nothing was sent (no pipe open), the server
-    lost the take script (``NOSCRIPT``: the client loads it), or the pipe broke or timed out
-    (the client retries; every command here is safe to send again)."""
+async def _on_pipe(lean: LeanRedis, command: bytes | tuple[bytes, ...]) -> Any:
+    """``command`` on a queue's pipe (several: one ``MULTI``): its reply; a Redis error reply
+    raised (as redis-py raises it: ``NOGROUP`` reaches :meth:`RedisStreams._guarded`);
+    :data:`_SLOW` where the command must go through the client instead (:func:`send_bare`'s
+    cases: the pipe broke or timed out, the server lost the take script; or no pipe open for a
+    ``MULTI``). The client retries; every command here is safe to send again."""
     from redis import exceptions as rx
 
-    try:
-        reply = await send(command)
-    except (rx.ConnectionError, rx.TimeoutError, OSError):
-        return _SLOW
-    if reply is NOT_SENT or isinstance(reply, rx.NoScriptError):
+    if isinstance(command, bytes):
+        reply = await send_bare(command, lean, pipelined=True)
+    else:
+        try:
+            reply = await lean.multi_unconfirmed(command)
+        except LOST:
+            return _SLOW
+    if reply is FALLBACK or reply is NOT_SENT:
         return _SLOW
     if isinstance(reply, rx.ResponseError):
         raise reply

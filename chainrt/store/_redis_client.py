@@ -274,9 +274,8 @@ class RedisConnection:
         the store's error."""
         if self.cluster is not False:
             return await self._call(slow, key=key)
-        try:
-            reply = await self._fast.pipelined(command)
-        except Exception:  # the pipe broke or timed out: a read is safe to send again
+        reply = await send_bare(command, self._fast, pipelined=True)
+        if reply is FALLBACK:  # the pipe broke or timed out: a read is safe to send again
             return await self._call(slow, key=key)
         if isinstance(reply, rx.ResponseError):
             raise self._refused(reply, key)
