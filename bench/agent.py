@@ -24,7 +24,9 @@ bench/_agent_tools.py.
    loop's time is measured with an ample budget, then ``--deadline-runs`` runs are made at 1.5x,
    1x and 0.5x of it (final_reserve: auto, from the dispatcher's answer times): how many
    answered, why their loops stopped, and by how much a run overshot its budget (goal: an answer
-   in every run whose budget holds the final reserve). A run without an answer is shown with its
+   in every run whose budget holds the final reserve). An answer the deadline cut (the agent's
+   last turn kept the text it had: step and run ``partial``, read from the step's record) counts
+   as answered and is also counted apart (``cut``). A run without an answer is shown with its
    turns. ``--deadline-runs 0`` skips this part.
 3. ``--chaos N``: N runs killed with ``kill -9`` at random moments and resumed, on the store
    (bench/_agent_chaos.py; ``--store redis`` starts a private redis-server): recorded tool calls
@@ -191,23 +193,38 @@ async def deadlines(
             statuses: collections.Counter[str] = collections.Counter()
             stopped: collections.Counter[str] = collections.Counter()
             over: list[float] = []
-            answered = 0
+            answered = cut = 0
             shown = 0
             for run in range(args.deadline_runs):
                 result = await chain.arun({"q": "Go."}, run_id=f"d{factor}-{run}-{time.time_ns()}",
                                           store=store_url, pool=model.pool)  # fmt: skip
                 statuses[result.status] += 1
                 output = result.output if isinstance(result.output, dict) else {}
+                if result.status == "partial":  # an answer cut at the deadline: in its record
+                    output = await agent_output(result.run_id, store_url)
                 if output.get("answer"):
                     answered += 1
+                    cut += bool(output.get("cut"))
                     stopped[str(output.get("stopped"))] += 1
                 elif shown < 3:
                     shown += 1
                     await show(result, store_url)
                 over.append(result.budget.used_ms - budget)
-            print(f"  {factor:>3}x ({budget:.0f} ms): answered {answered}/{args.deadline_runs}, "
+            print(f"  {factor:>3}x ({budget:.0f} ms): answered {answered}/{args.deadline_runs} "
+                  f"({cut} cut at the deadline), "
                   f"statuses {dict(statuses)}, stopped {dict(stopped)}, "
                   f"overshoot max {max(over):+.1f} ms")  # fmt: skip
+
+
+async def agent_output(run_id: str, store_url: str) -> dict[str, Any]:
+    """The output of the run's agent step, as recorded."""
+    store = open_store(store_url)
+    try:
+        steps = await store.get_steps(run_id)
+    finally:
+        await store.close()
+    record = steps.get("agent")
+    return record.output if record is not None and isinstance(record.output, dict) else {}
 
 
 async def show(result: Any, store_url: str) -> None:

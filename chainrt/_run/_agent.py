@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._errors import ChainRTError, ConcurrencyRejected
+from .._errors import ChainRTError
 from .._progress import NO_PROGRESS, STEP_PROGRESS
 from .._records import StepRecord, TokenUsage
 from ..agent import _budget as rules
@@ -42,15 +42,19 @@ from ..agent._turns import (
 from ..budget._tokens import RUN_TOKENS
 from ..concurrency import Limiter
 from ..dispatch import Dispatcher, LlmCall
-from ..spec import ChainSpec, StepSpec, render_value
+from ..spec import ChainSpec, StepSpec
 from ..spec._agent import AgentSpec, call_path, turn_path
 from ._agent_approval import Parked, decide, refusal
+from ._agent_final import CUT_ERROR, KeptText, cut_outcome, unanswered
+from ._agent_messages import first_messages
+from ._agent_tool_run import run_agent_tool
+from ._agent_writes import PendingWrites, beside
 from ._intercept import AgentPart, RunInterceptor, chain_agent_parts
 from ._journal import RunJournal, _Unrecordable
 from ._llm import _answered, prepare_models
 from ._recording import unrecorded
-from ._step import StepOutcome, acquire_keys
-from ._tool import TOOL_JOURNAL, run_tool
+from ._step import StepOutcome
+from ._tool import TOOL_JOURNAL
 
 __all__ = ["AgentExecutor"]
 
@@ -156,12 +160,16 @@ class _Loop:
         self.run_id, self.deadline, self.allotted_ms = run_id, deadline, allotted_ms
         self.reserve_ms = executor.reserve_ms(agent, allotted_ms)
         self.journal: RunJournal | None = TOOL_JOURNAL.get()
-        self.messages = _first_messages(agent, scope, tools_text(tools, agent.max_calls_per_turn))
+        self.messages = first_messages(agent, scope, tools_text(tools, agent.max_calls_per_turn))
         self.calls: list[dict[str, Any]] = []
         self.attempts = 0
         self.model: str | None = None
         self.fallback: str | None = None
         self.turn = 0
+        self.pending = PendingWrites(self._write)
+        """Records being written beside the next request (the last turn's: _agent_writes)."""
+        self.told: list[dict[str, Any]] | None = None
+        """The last turn's calls as the model was told them (the last user message)."""
 
     @property
     def work_deadline(self) -> float:
@@ -173,6 +181,32 @@ class _Loop:
         return None if self.journal is None else self.journal.done.get(path)
 
     async def run(self) -> StepOutcome:
+        try:
+            return await self._loop()
+        finally:
+            if self.pending:  # a step ended early (an error): its calls' records still land
+                await self.pending.settle()
+
+    async def _settle(self) -> bool:
+        """Wait for the records being written; True when the store refused a call's (the
+        model is then told its error: the last message says so)."""
+        refused = await self.pending.settle()
+        if refused and self.told is not None:
+            self.messages[-1] = ("user", results_text(self.told))
+        return refused
+
+    def _next_move(self, tool_turns: int) -> rules.Move:
+        # Each turn its answer time: the reserve follows the model's latest answers.
+        self.reserve_ms = self.x.reserve_ms(self.agent, self.allotted_ms)
+        return rules.next_move(
+            tool_turns=tool_turns,
+            max_iterations=self.agent.max_iterations,
+            left_ms=(self.deadline - time.time()) * 1000,
+            reserve_ms=self.reserve_ms,
+            writes_ms=self.x.writes_ms(),
+        )
+
+    async def _loop(self) -> StepOutcome:
         path, agent = self.step.id, self.agent
         turn, tool_turns = 0, 0
         while True:
@@ -184,20 +218,16 @@ class _Loop:
                 and recorded.status == "completed"
                 and isinstance(recorded.output, dict)
             ):
+                await self._settle()
                 output = recorded.output  # replayed: the model is not asked again
                 self.attempts += recorded.attempts
                 self.model = recorded.model or self.model
                 self.fallback = recorded.fallback or self.fallback
             else:
-                # Each turn its answer time: the reserve follows the model's latest answers.
-                self.reserve_ms = self.x.reserve_ms(agent, self.allotted_ms)
-                move = rules.next_move(
-                    tool_turns=tool_turns,
-                    max_iterations=agent.max_iterations,
-                    left_ms=(self.deadline - time.time()) * 1000,
-                    reserve_ms=self.reserve_ms,
-                    writes_ms=self.x.writes_ms(),
-                )
+                move = self._next_move(tool_turns)
+                if not move.final and self.pending:  # a turn with tools: after the records
+                    await self._settle()
+                    move = self._next_move(tool_turns)
                 part = AgentPart(self.run_id, path, "turn", tpath, final=move.final)
                 ended = await self._traced(part, functools.partial(self._turn, tpath, move))
                 if isinstance(ended, StepOutcome):
@@ -213,6 +243,7 @@ class _Loop:
             ran = await asyncio.gather(*(self._call(turn, i, c) for i, c in enumerate(read.calls)))
             parked = [r for r in ran if isinstance(r, Parked)]
             if parked:  # the run parks; the calls that ended are recorded and replayed
+                await self._settle()
                 first = parked[0]
                 return StepOutcome(
                     "waiting",
@@ -224,6 +255,7 @@ class _Loop:
                 )
             results = [r for r in ran if not isinstance(r, Parked)]
             self.calls.extend(results)
+            self.told = results  # their entries are corrected in place if a record is refused
             self.messages.append(("assistant", text))
             self.messages.append(("user", results_text(results)))
             turn += 1
@@ -263,64 +295,85 @@ class _Loop:
         self, tpath: str, move: rules.Move, part: AgentPart
     ) -> dict[str, Any] | StepOutcome:
         """Ask the model; write the turn's record (how it ended also into ``part``). Its
-        output, or the step's end."""
+        output, or the step's end. The last turn is asked while the records before it are
+        still being written (its own is written after theirs) and keeps the answer it had
+        begun when the deadline cuts it (:mod:`._agent_final`)."""
         while True:
             final = move.final
             messages = self.messages if not final else [*self.messages, ("user", FINAL_REQUEST)]
             call = self._call_for(tpath, messages, final)
+            kept = KeptText()
+            if final:
+                kept.attach(call)
             turn_deadline = self.deadline if final else self.work_deadline
             started, t0 = time.time(), time.perf_counter()
-            outcome, answer = await _answered(self.x.dispatcher, call, turn_deadline)
+            asking = _answered(self.x.dispatcher, call, turn_deadline)
+            got = await beside(asking, self._settle) if self.pending else await asking
+            if got is None:  # it told a result whose record the store refused: ask again
+                continue
+            outcome, answer = got
             self.attempts += outcome.attempts
             account = RUN_TOKENS.get()
             if account is not None:
                 account.spend(TokenUsage.of([a.usage for a in outcome.attempt_log]))
             ok = answer is not None and outcome.status == "completed"
+            cut = None if ok or not final else kept.cut(outcome.status == "timed_out", answer)
+            status = outcome.status if outcome.status != "partial" else "timed_out"
             output: dict[str, Any] | None = None
             if ok and answer is not None:
                 self.model, self.fallback = answer.model, outcome.fallback or self.fallback
                 output = {"text": answer.text, "final": final}
                 if final:
                     output["stopped"] = move.why
+                status = "completed"
+            elif cut is not None:  # the answer begun before the deadline (docs: Agent steps)
+                self.model = cut.model or outcome.model or self.model
+                if self.model != self.agent.model:
+                    self.fallback = self.model
+                output = {"text": cut.text, "final": True, "stopped": "budget", "cut": True}
+                status = "partial"
             record = StepRecord(
                 step_id=tpath,
-                status="completed" if ok else outcome.status,
+                status=status,
                 output=output,
                 attempts=outcome.attempts,
-                model=outcome.model,
+                model=outcome.model if cut is None else self.model,
                 fallback=outcome.fallback,
                 allotted_ms=round((turn_deadline - started) * 1000, 3),
                 elapsed_ms=round((time.perf_counter() - t0) * 1000, 3),
                 started_at=started,
                 finished_at=time.time(),
-                error=outcome.error,
+                error=outcome.error if cut is None else CUT_ERROR,
                 attempt_log=outcome.attempt_log,
             )
+            part.final, part.status, part.error = final, record.status, record.error
+            part.attempts, part.model = record.attempts, record.model
+            to_final = not final and self.deadline - time.time() > 0.0 and status == "timed_out"
+            if to_final:  # the reserve began: answer now, this record written beside it
+                self.pending.start(record)
+                move = rules.Move(final=True, why="budget")
+                continue
             written = await self._write(record)
-            part.final, part.status, part.error = final, written.status, written.error
-            part.attempts, part.model = written.attempts, written.model
+            part.status, part.error = written.status, written.error
             if written is not record:  # a turn the store cannot take ends the step
                 return StepOutcome(
                     "failed", attempts=self.attempts, model=outcome.model, error=written.error
                 )
+            if cut is not None:
+                return cut_outcome(
+                    self.step.id,
+                    cut.answer,
+                    self.calls,
+                    self.turn + 1,
+                    attempts=self.attempts,
+                    model=self.model,
+                    fallback=self.fallback,
+                )
             if output is not None:
                 return output
-            if not final and self.deadline - time.time() > 0.0 and outcome.status == "timed_out":
-                move = rules.Move(final=True, why="budget")  # the reserve began: answer now
-                continue
             # No answer at all: the turn's record keeps its attempts (and their usage).
-            timed_out = outcome.status == "timed_out"
-            return StepOutcome(
-                outcome.status if outcome.status != "completed" else "failed",
-                output={
-                    "answer": None,
-                    "calls": self.calls,
-                    "iterations": self.turn + 1,
-                    "stopped": move.why or ("budget" if timed_out else "error"),
-                },
-                attempts=self.attempts,
-                model=outcome.model,
-                error=f"{tpath}: {outcome.error or outcome.status}",
+            return unanswered(
+                tpath, status, move.why, self.calls, self.turn + 1, self.attempts, outcome
             )
 
     def _call_for(self, tpath: str, messages: list[tuple[str, str]], final: bool) -> LlmCall:
@@ -395,7 +448,9 @@ class _Loop:
             if decision is not None and not decision.approve:
                 status, error = "failed", refusal(tool.approval, decision)
             else:
-                outcome = await self._run_tool(tool, kwargs, cpath)
+                outcome = await run_agent_tool(
+                    self.x.limiter, tool, kwargs, self.scope, self.run_id, cpath, self.work_deadline
+                )
                 attempts = outcome.attempts
                 if outcome.status == "completed":
                     entry["result"] = outcome.output
@@ -406,7 +461,7 @@ class _Loop:
         record = StepRecord(
             step_id=cpath,
             status=status,
-            output=entry,
+            output=dict(entry),
             attempts=attempts,
             allotted_ms=round(max(self.work_deadline - started, 0.0) * 1000, 3),
             elapsed_ms=round((time.perf_counter() - t0) * 1000, 3),
@@ -414,36 +469,12 @@ class _Loop:
             finished_at=time.time(),
             error=error,
         )
-        written = await self._write(record)
-        part.status, part.error, part.attempts = written.status, written.error, attempts
-        if written is not record:  # the store could not take it: the model is told so
-            return {"name": proposed.name, "arguments": proposed.arguments, "error": written.error}
+        part.status, part.error, part.attempts = status, error, attempts
+        # Written beside what comes next (_agent_writes): the next turn with tools waits for
+        # it, the last turn is asked at once. A record the store cannot take: the model is
+        # told so (the entry is corrected in place).
+        self.pending.start(record, entry)
         return entry
-
-    async def _run_tool(self, tool: AgentTool, kwargs: dict[str, Any], cpath: str) -> StepOutcome:
-        deadline = self.work_deadline
-        fn: Callable[..., Any] = tool.fn
-        if tool.langchain:
-            fn, kwargs = _langchain_call(tool), {"arguments": kwargs}
-        if not tool.keys:
-            return await run_tool(fn, kwargs, self.run_id, cpath, deadline, 1, 0.0, 0.0, None)
-        key_scope = {**self.scope, "args": kwargs if not tool.langchain else kwargs["arguments"]}
-        try:
-            holding = await acquire_keys(
-                self.x.limiter,
-                tool.keys,
-                key_scope,
-                within_ms=(deadline - time.time()) * 1000,
-                holder=f"{self.run_id}:{cpath}",
-            )
-        except ConcurrencyRejected as exc:
-            return StepOutcome("failed", error=f"not run: {exc.message}")
-        except ChainRTError as exc:
-            return StepOutcome("failed", error=f"not run: concurrency: {exc.message}")
-        try:
-            return await run_tool(fn, kwargs, self.run_id, cpath, deadline, 1, 0.0, 0.0, None)
-        finally:
-            await holding.release_unconfirmed()
 
     async def _write(self, record: StepRecord) -> StepRecord:
         """Write ``record``; what was written (a storable ``failed`` record, without the
@@ -458,28 +489,3 @@ class _Loop:
             record = unrecorded(record, exc.message)
             await self.journal.record_step(record)
         return record
-
-
-def _langchain_call(tool: AgentTool) -> Callable[..., Any]:
-    """A LangChain tool's ``ainvoke`` as a function of one keyword argument."""
-
-    async def call(arguments: dict[str, Any]) -> Any:
-        value = await tool.fn(arguments)
-        content = getattr(value, "content", value)  # a ToolMessage: its content
-        return content
-
-    return call
-
-
-def _first_messages(agent: AgentSpec, scope: dict[str, Any], offer: str) -> list[tuple[str, str]]:
-    """The conversation's start: the system message (with the tools offered) and the prompt."""
-    if agent.messages is not None:
-        pairs = [(m.role, str(render_value(m.content, scope))) for m in agent.messages]
-    else:
-        pairs = []
-        if agent.system is not None:
-            pairs.append(("system", str(render_value(agent.system, scope))))
-        pairs.append(("user", str(render_value(agent.prompt, scope))))
-    if pairs and pairs[0][0] == "system":
-        return [("system", f"{pairs[0][1]}\n\n{offer}"), *pairs[1:]]
-    return [("system", offer), *pairs]

@@ -42,13 +42,26 @@ class AgentStub(ThreadingHTTPServer):
     """Plays ``script`` (one reply per turn) and ``final`` (the last turn's reply)."""
 
     def __init__(
-        self, script: list[str], final: str = "final answer", delay_s: float = 0.0
+        self,
+        script: list[str],
+        final: str = "final answer",
+        delay_s: float = 0.0,
+        *,
+        pace_s: float = 0.0,
+        final_finish: str = "stop",
     ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.script = script
         self.final = final
         self.delay_s = delay_s
         """Seconds each reply waits before it is sent (the model's generation time)."""
+        self.pace_s = pace_s
+        """Seconds between the pieces (8 characters each) of the last turn's reply: a model
+        generating its answer slowly, or stalling (a large value) once its first piece is out.
+        Not streamed, the reply is sent whole once all its pieces would have been."""
+        self.final_finish = final_finish
+        """The ``finish_reason`` of the last turn's reply: ``deadline`` plays a worker that
+        stopped at the request's deadline, its reply being the text it had by then."""
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -78,11 +91,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.requests.append(body)
         if self.server.delay_s > 0:
             time.sleep(self.server.delay_s)
-        text = self.server.reply(body.get("messages", []))
+        messages = body.get("messages", [])
+        text = self.server.reply(messages)
+        final = bool(messages) and messages[-1].get("content") == FINAL_REQUEST
+        finish = self.server.final_finish if final else "stop"
+        pace = self.server.pace_s if final else 0.0
         usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
         if body.get("stream"):
-            self._stream(text, usage)
+            self._stream(text, usage, finish, pace)
             return
+        if pace > 0:
+            time.sleep(pace * (len(_pieces(text)) - 1))
         data = json.dumps(
             {
                 "id": "chatcmpl-agent",
@@ -90,7 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "model": "m",
                 "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": "stop"}
+                     "finish_reason": finish}
                 ],
                 "usage": usage,
             }
@@ -101,15 +120,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, text: str, usage: dict[str, int]) -> None:
+    def _stream(self, text: str, usage: dict[str, int], finish: str, pace: float) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
-        pieces = [text[i : i + 8] for i in range(0, len(text), 8)] or [""]
-        for piece in pieces:
+        for index, piece in enumerate(_pieces(text)):
+            if index and pace > 0:
+                time.sleep(pace)
             chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}
+            self.wfile.flush()
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage}
         self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()
         self.close_connection = True
@@ -129,19 +150,34 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+def _pieces(text: str) -> list[str]:
+    """A reply as it is streamed: 8 characters a piece."""
+    return [text[i : i + 8] for i in range(0, len(text), 8)] or [""]
+
+
 @contextmanager
 def scripted_model(
-    script: list[str], final: str = "final answer", delay_s: float = 0.0
+    script: list[str],
+    final: str = "final answer",
+    delay_s: float = 0.0,
+    *,
+    pace_s: float = 0.0,
+    final_finish: str = "stop",
 ) -> Iterator[AgentStub]:
     """An :class:`AgentStub` serving in a thread while the ``with`` block runs."""
-    yield from serve(script, final, delay_s)
+    yield from serve(script, final, delay_s, pace_s=pace_s, final_finish=final_finish)
 
 
 def serve(
-    script: list[str], final: str = "final answer", delay_s: float = 0.0
+    script: list[str],
+    final: str = "final answer",
+    delay_s: float = 0.0,
+    *,
+    pace_s: float = 0.0,
+    final_finish: str = "stop",
 ) -> Iterator[AgentStub]:
     """Run an :class:`AgentStub` in a thread for the duration of a fixture."""
-    server = AgentStub(script, final, delay_s)
+    server = AgentStub(script, final, delay_s, pace_s=pace_s, final_finish=final_finish)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
