@@ -44,14 +44,33 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def _open_runner(tmp_path: Path, http: str = "httptools") -> ServeProcess:
+    """No tokens, on loopback: open, as the docs say, but only to requests that pass the
+    Host, Origin and Content-Type checks. Small limits so the tests stay quick. ``http``: the
+    HTTP protocol (``CHAINRT_SERVE_HTTP``)."""
+    args = ["--max-body", "64KiB", "--header-timeout", "1s", "--max-budget", "10m"]
+    return ServeProcess(
+        store=f"sqlite:///{tmp_path / 'runs.db'}",
+        chains=CHAINS,
+        max_runs=2,
+        args=args,
+        env={"CHAINRT_SERVE_HTTP": http},
+    )
+
+
 @pytest.fixture
 def open_runner(tmp_path: Path) -> Iterator[ServeProcess]:
-    """No tokens, on loopback: open, as the docs say, but only to requests that pass the
-    Host, Origin and Content-Type checks. Small limits so the tests stay quick."""
-    args = ["--max-body", "64KiB", "--header-timeout", "1s", "--max-budget", "10m"]
-    with ServeProcess(
-        store=f"sqlite:///{tmp_path / 'runs.db'}", chains=CHAINS, max_runs=2, args=args
-    ) as runner:
+    """:func:`_open_runner` on the default protocol."""
+    with _open_runner(tmp_path) as runner:
+        yield runner
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def open_runner_each_protocol(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[ServeProcess]:
+    """:func:`_open_runner` on httptools, then on h11."""
+    with _open_runner(tmp_path, request.param) as runner:
         yield runner
 
 
@@ -251,8 +270,8 @@ def test_large_bodies_get_413_before_they_are_read(open_runner: ServeProcess) ->
     assert r.get("/health/ready").status_code == 200
 
 
-def test_slow_clients_are_dropped(open_runner: ServeProcess) -> None:
-    r = open_runner  # --header-timeout 1s
+def test_slow_clients_are_dropped(open_runner_each_protocol: ServeProcess) -> None:
+    r = open_runner_each_protocol  # --header-timeout 1s
     silent = [socket.create_connection(("127.0.0.1", r.port)) for _ in range(20)]
     trickling = [socket.create_connection(("127.0.0.1", r.port)) for _ in range(20)]
     for sock in trickling:

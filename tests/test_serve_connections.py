@@ -25,14 +25,18 @@ LIVE = b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 CAP = 4
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """Small limits; long header and idle timeouts, so that held connections stay held."""
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def runner(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """Small limits; long header and idle timeouts, so that held connections stay held. On
+    both HTTP protocols: httptools (the default where installed) and h11 (the fallback)."""
     folder = tmp_path_factory.mktemp("connections")
     args = ["--body-timeout", "1s", "--max-connections", str(CAP)]
     args += ["--header-timeout", "60s", "--idle-timeout", "60s"]
+    env = {"CHAINRT_SERVE_HTTP": request.param}
     with ServeProcess(
-        store=f"sqlite:///{folder / 'runs.db'}", chains=CHAINS, max_runs=1, args=args
+        store=f"sqlite:///{folder / 'runs.db'}", chains=CHAINS, max_runs=1, args=args, env=env
     ) as server:
         yield server
 

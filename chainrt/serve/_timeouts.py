@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import h11
@@ -30,12 +31,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ._accept import ConnectionGate
 
-__all__ = ["LINGER_S", "connection_protocol"]
+__all__ = ["LINGER_S", "TIMED_OUT_BODY", "connection_protocol"]
 
 LINGER_S = 1.0
 """How long a connection answered ``408`` is read and drained before it is closed."""
 
-_TIMED_OUT = json.dumps(
+TIMED_OUT_BODY = json.dumps(
     {
         "error": {
             "type": "request_timeout",
@@ -43,6 +44,7 @@ _TIMED_OUT = json.dumps(
         }
     }
 ).encode()
+"""The body of the ``408`` answer."""
 
 
 class _Deadlines(H11Protocol):
@@ -115,12 +117,12 @@ class _Deadlines(H11Protocol):
         if cycle is not None and not cycle.response_started and not cycle.disconnected:
             headers = [
                 (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(_TIMED_OUT)),
+                (b"content-length", b"%d" % len(TIMED_OUT_BODY)),
                 (b"connection", b"close"),
             ]
             try:
                 out = self.conn.send(h11.Response(status_code=408, headers=headers))
-                out = (out or b"") + (self.conn.send(h11.Data(data=_TIMED_OUT)) or b"")
+                out = (out or b"") + (self.conn.send(h11.Data(data=TIMED_OUT_BODY)) or b"")
                 out += self.conn.send(h11.EndOfMessage()) or b""
                 self.transport.write(out)
             except h11.LocalProtocolError:
@@ -148,9 +150,17 @@ class _Deadlines(H11Protocol):
 def connection_protocol(
     header_timeout_s: float, body_timeout_s: float, gate: ConnectionGate | None = None
 ) -> type[Any]:
-    """uvicorn's h11 protocol class with ``header_timeout_s`` and ``body_timeout_s`` deadlines
-    for each request (pass it as ``uvicorn.Config(http=...)``), telling ``gate`` when a
-    connection closes."""
+    """uvicorn's HTTP/1.1 protocol class with ``header_timeout_s`` and ``body_timeout_s``
+    deadlines for each request (pass it as ``uvicorn.Config(http=...)``), telling ``gate`` when
+    a connection closes: on httptools (its C parser, :mod:`._timeouts_tools`) where it is
+    installed, else on h11. ``CHAINRT_SERVE_HTTP=h11`` picks h11 anyway."""
+    if os.environ.get("CHAINRT_SERVE_HTTP", "").lower() != "h11":
+        try:
+            from ._timeouts_tools import tools_protocol
+        except ImportError:
+            pass
+        else:
+            return tools_protocol(header_timeout_s, body_timeout_s, gate)
     return type(
         "DeadlinesH11Protocol",
         (_Deadlines,),
