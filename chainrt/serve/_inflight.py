@@ -9,7 +9,6 @@ step finishes; everything of a run once it ends.
 
 from __future__ import annotations
 
-import collections
 import json
 
 from .._events import RunEvent
@@ -27,34 +26,39 @@ def event_key(event: RunEvent) -> str:
 
 
 class InFlight:
-    """A runtime event sink: per run, ``run_started`` and the events of its steps in flight."""
+    """A runtime event sink: per run, ``run_started`` and the events of its steps in flight.
+
+    Events are kept as they come, in order (the runtime emits each once); what tells one from
+    another (:func:`event_key`) is computed by the watcher that reads them, not here, for every
+    event of every run."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, collections.OrderedDict[str, RunEvent]] = {}
+        self._runs: dict[str, list[RunEvent]] = {}
 
     def observe(self, event: RunEvent) -> None:
         """Keep ``event`` while its step (or run) is not recorded yet."""
-        if event.type == "run_finished":
+        kind = event.type
+        if kind == "run_finished":
             self._runs.pop(event.run_id, None)
             return
-        if event.type == "run_started":
-            self._runs[event.run_id] = collections.OrderedDict()
+        if kind == "run_started":
+            self._runs[event.run_id] = []
         kept = self._runs.get(event.run_id)
         if kept is None:
             return  # a run that started before this sink was added
-        if event.type == "step_started":
+        if kind == "step_started" and kept:
             # Steps finished before this one started are recorded by now (a step is committed
             # before the next one starts): the history tells them, their events go.
-            done = {e.step_id for e in kept.values() if e.type == "step_finished"}
-            for key in [k for k, e in kept.items() if e.step_id in done]:
-                del kept[key]
+            done = {e.step_id for e in kept if e.type == "step_finished"}
+            if done:
+                kept[:] = [e for e in kept if e.step_id not in done]
         if len(kept) < KEEP_PER_RUN:
-            kept[event_key(event)] = event
+            kept.append(event)
 
     def events(self, run_id: str) -> list[RunEvent] | None:
         """The kept events of ``run_id``, oldest first; None when this process does not run it."""
         kept = self._runs.get(run_id)
-        return None if kept is None else list(kept.values())
+        return None if kept is None else list(kept)
 
     def __contains__(self, run_id: object) -> bool:
         return run_id in self._runs
