@@ -79,9 +79,10 @@ from .dispatch import Dispatcher
 from .runs._lease import Heartbeat, claim, new_lease, this_host, wait_for_owner
 from .runs._signals import continue_parked
 from .runs._trust import RecordTrust
-from .spec import ChainSpec, StepSpec, spec_from_dict
+from .spec import ChainSpec, StepSpec
 from .spec._dump import spec_dump, spec_json
 from .spec._roots import add_chain_root
+from .spec._stored import stored_spec
 from .store._protocol import CheckpointStore
 
 __all__ = ["Runner", "check_inputs", "new_run_id"]
@@ -204,7 +205,7 @@ class Runner:
         if done is not None:
             return done
         # Checked on the record that will run (re-read while waiting), before the claim.
-        spec = spec_from_dict(record.spec, file=f"<stored spec of run {run_id}>")
+        spec = stored_spec(record)
         source_dir = self.trust.check(record, spec)
         if budget_ms is not None and budget_ms <= 0:
             raise BudgetError(f"budget must be greater than zero, got {budget_ms:g}ms")
