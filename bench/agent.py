@@ -14,8 +14,9 @@ bench/_agent_tools.py.
 
 1. Overhead: an agent of up to ``--iterations`` tool turns (one no-op call each; the scripted
    model answers at once) then its answer. Per iteration, the runtime's own cost is the agent
-   step's time less its model turns' time (dispatch included), its calls' time (check and tool)
-   and its checkpoint writes; beside it, a model turn's time (with a real model split into the
+   step's time less the time covered by its model turns (dispatch included), its calls (check
+   and tool) and its checkpoint writes (the last calls' writes run beside the last turn: time
+   covered by both counts once); beside it, a model turn's time (with a real model split into the
    engine's prefill + decode and the rest: dispatch, request and answer), a call's time, and
    the writes, per write, with how many an iteration makes (goal: <= 1 ms of overhead per
    iteration plus one durable commit per turn and per call).
@@ -82,17 +83,30 @@ class TimedStore:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.writes: list[float] = []
+        self.spans: list[tuple[float, float]] = []
+        """When each timed write ran (unix seconds, start and end)."""
         inner = store.commit
 
         async def commit(run_id: str, token: int, progress: Any, step: Any = None) -> Any:
-            t0 = time.perf_counter()
+            t0, began = time.perf_counter(), time.time()
             try:
                 return await inner(run_id, token, progress, step)
             finally:
                 if step is not None and (".turn[" in step.step_id or ".call[" in step.step_id):
                     self.writes.append((time.perf_counter() - t0) * 1000)
+                    self.spans.append((began, time.time()))
 
         store.commit = commit
+
+
+def covered_ms(spans: list[tuple[float, float]]) -> float:
+    """The time (ms) covered by at least one of ``spans`` (unix seconds, start and end)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total * 1000
 
 
 def chain_file(folder: Path, model: Model, budget: str, iterations: int, tool: str) -> Path:
@@ -128,14 +142,16 @@ async def overhead(
         shape: collections.Counter[str] = collections.Counter()
         for run in range(args.runs + 2):  # two warm-up runs
             timed.writes.clear()
+            timed.spans.clear()
             result = await chain.arun({"q": "Go."}, run_id=f"o{run}-{time.time_ns()}",
                                       store=timed.store, pool=model.pool)  # fmt: skip
             assert result.status == "completed", result.error
             steps = await timed.store.get_steps(result.run_id)
             turns = [r for p, r in steps.items() if ".turn[" in p]
             made = [r for p, r in steps.items() if ".call[" in p]
-            inside = sum(r.elapsed_ms for r in turns) + sum(r.elapsed_ms for r in made)
-            own = steps["agent"].elapsed_ms - inside - sum(timed.writes)
+            spans = [(r.started_at or 0.0, (r.started_at or 0.0) + r.elapsed_ms / 1000)
+                     for r in (*turns, *made)]  # fmt: skip
+            own = steps["agent"].elapsed_ms - covered_ms(spans + timed.spans)
             if run < 2:
                 continue
             per_iteration.append(own / len(turns))
