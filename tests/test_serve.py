@@ -207,3 +207,20 @@ def test_cli_submit_wait_and_cancel(sqlite_runner: ServeProcess, call_log: Path)
     )
     assert bad.returncode == 2
     assert "no chain named 'nope'" in bad.stderr
+
+
+def test_a_bad_wait_is_a_422_naming_it_and_the_api_document_lists_it(
+    sqlite_runner: ServeProcess,
+) -> None:
+    r = sqlite_runner
+    r.post("/v1/runs", json={"chain": "five", "input": {}, "run_id": "bad-wait"})
+    for wait in ("soon", "-1s", ""):
+        answer = r.get("/v1/runs/bad-wait", params={"wait": wait})
+        assert answer.status_code == 422, (wait, answer.text)
+        assert answer.json()["error"]["field"] == "query.wait"
+    assert r.get("/v1/runs/bad-wait", params={"wait": "0s"}).json()["run_id"] == "bad-wait"
+    operation = r.get("/openapi.json").json()["paths"]["/v1/runs/{run_id}"]["get"]
+    assert {(p["name"], p["in"]) for p in operation["parameters"]} == {
+        ("run_id", "path"),
+        ("wait", "query"),
+    }
