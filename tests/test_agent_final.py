@@ -31,12 +31,12 @@ def call_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 async def test_the_last_turn_is_asked_while_the_calls_records_are_written(
     tmp_path: Path,
 ) -> None:
-    # The model answers in 0.5 s; the call's record takes 2.2 s to write (a store stalling on
-    # fsync); the budget is 3 s. Asked after the write, the last turn would start at ~2.7 s and
-    # be cut with nothing to say; asked beside it, its answer comes at ~1 s, and its own
-    # record is written once the call's is.
-    for model in stub([calls(("refund_policy", {}))], final="30 days", delay_s=0.5):
-        chain, pool = chain_files(tmp_path, model, budget="3s", max_iterations=1)
+    # The model answers in 1 s; the call's record takes 2.5 s to write (a store stalling on
+    # fsync; under the 3 s a write may take here, what the budget has left); the budget is 4 s.
+    # Asked after the write, the last turn would start at ~3.5 s and be cut with nothing to say;
+    # asked beside it, its answer comes at ~2 s, and its own record is written once the call's is.
+    for model in stub([calls(("refund_policy", {}))], final="30 days", delay_s=1.0):
+        chain, pool = chain_files(tmp_path, model, budget="4s", max_iterations=1)
         store = open_store(f"sqlite:///{tmp_path / 'runs.db'}")
         inner = store.commit
         written: list[str] = []
@@ -44,7 +44,7 @@ async def test_the_last_turn_is_asked_while_the_calls_records_are_written(
 
         async def slow_commit(run_id: str, token: int, progress: Any, step: Any = None) -> None:
             if step is not None and ".call[" in step.step_id:
-                await asyncio.sleep(2.2)
+                await asyncio.sleep(2.5)
                 asked_by_then.append(len(model.requests))
             await inner(run_id, token, progress, step)
             if step is not None:
