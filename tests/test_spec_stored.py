@@ -9,8 +9,8 @@ import pytest
 
 from chainrt._records import RunRecord
 from chainrt.errors import SpecError
-from chainrt.spec import spec_from_dict
 from chainrt.spec import _stored as stored
+from chainrt.spec import spec_from_dict
 from chainrt.spec._dump import spec_dump, spec_json
 
 CHAIN: dict[str, Any] = {

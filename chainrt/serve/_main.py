@@ -17,9 +17,11 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import signal
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import uvicorn
 
@@ -63,6 +65,22 @@ class _Server(uvicorn.Server):
         """The gate stops accepting, then uvicorn's stop."""
         self.gate.close()
         await super().shutdown(list(sockets) if sockets is not None else None)
+
+
+def http_protocol(
+    header_timeout_s: float, body_timeout_s: float, gate: ConnectionGate
+) -> type[Any]:
+    """The HTTP/1.1 protocol class with the connection deadlines (:mod:`._timeouts`): on
+    httptools (its C parser, :mod:`._timeouts_tools`) where it is installed, else on h11.
+    ``CHAINRT_SERVE_HTTP=h11`` picks h11 anyway."""
+    if os.environ.get("CHAINRT_SERVE_HTTP", "").lower() != "h11":
+        try:
+            from ._timeouts_tools import tools_protocol
+        except ImportError:
+            pass
+        else:
+            return tools_protocol(header_timeout_s, body_timeout_s, gate)
+    return connection_protocol(header_timeout_s, body_timeout_s, gate)
 
 
 def _configure_logging(level: str) -> None:
@@ -141,7 +159,7 @@ async def serve(config: ServeConfig) -> None:
         timeout_graceful_shutdown=1,
         # Slow clients are dropped: headers within --header-timeout, bodies within
         # --body-timeout, idle keep-alive connections after --idle-timeout.
-        http=connection_protocol(config.header_timeout_s, config.body_timeout_s, gate),
+        http=http_protocol(config.header_timeout_s, config.body_timeout_s, gate),
         timeout_keep_alive=max(1, math.ceil(config.idle_timeout_s)),  # whole seconds
     )
     server = _Server(uv_config, gate)

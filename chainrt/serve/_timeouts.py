@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
 import h11
@@ -150,17 +149,10 @@ class _Deadlines(H11Protocol):
 def connection_protocol(
     header_timeout_s: float, body_timeout_s: float, gate: ConnectionGate | None = None
 ) -> type[Any]:
-    """uvicorn's HTTP/1.1 protocol class with ``header_timeout_s`` and ``body_timeout_s``
-    deadlines for each request (pass it as ``uvicorn.Config(http=...)``), telling ``gate`` when
-    a connection closes: on httptools (its C parser, :mod:`._timeouts_tools`) where it is
-    installed, else on h11. ``CHAINRT_SERVE_HTTP=h11`` picks h11 anyway."""
-    if os.environ.get("CHAINRT_SERVE_HTTP", "").lower() != "h11":
-        try:
-            from ._timeouts_tools import tools_protocol
-        except ImportError:
-            pass
-        else:
-            return tools_protocol(header_timeout_s, body_timeout_s, gate)
+    """uvicorn's h11 protocol class with ``header_timeout_s`` and ``body_timeout_s`` deadlines
+    for each request (pass it as ``uvicorn.Config(http=...)``), telling ``gate`` when a
+    connection closes. (:func:`chainrt.serve._timeouts_tools.tools_protocol` is the same on
+    httptools.)"""
     return type(
         "DeadlinesH11Protocol",
         (_Deadlines,),
