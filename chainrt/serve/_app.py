@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -22,11 +21,13 @@ from starlette.routing import BaseRoute
 
 from .._api_tokens import load_tokens
 from .._durations import parse_budget_ms, parse_duration_ms
-from .._errors import ChainRTError, CheckpointError, InputError, RunNotFound, StoreUnavailable
+from .._errors import ChainRTError, RunNotFound
 from .._records import RunRecord
 from .._settings import get_settings
+from ._answers import error, failure
 from ._body import CheckedJSONRoute
 from ._detail import run_detail
+from ._direct import MAX_WAIT_S, Direct
 from ._fleet_api import FleetMetrics, fleet_routes, handle_backend_errors
 from ._guard import AccessPolicy, Guard
 from ._listing import BadCursor, list_page
@@ -40,13 +41,12 @@ from ._models import (
     ServeConfig,
     SubmitRequest,
 )
-from ._service import Service, UnknownChain
+from ._service import Service
 from ._signal_api import add_signal_route
 from ._streams import CappedStream
 
 __all__ = ["access_policy", "create_app"]
 
-_MAX_WAIT_S = 300.0
 _KEEPALIVE_S = 15.0
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody},
@@ -69,11 +69,6 @@ _GET_RUN_PARAMETERS: dict[str, Any] = {
 }
 
 
-def _snake(name: str) -> str:
-    """``CheckpointError`` → ``checkpoint_error``: every error type of the API in one case."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
 def access_policy(config: ServeConfig) -> AccessPolicy:
     """The checks ``config`` asks for (``--tokens`` or ``CHAINRT_API_TOKENS``,
     ``--allowed-host``, ``--max-body``); InputError for a bad token file or line."""
@@ -89,16 +84,9 @@ def _bad_field(field: str, message: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("body", field), "msg": message, "type": "value_error"}])
 
 
-def _error(status: int, kind: str, message: str, field: str | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"type": kind, "message": message}
-    if field is not None:
-        body["field"] = field
-    return JSONResponse({"error": body}, status_code=status)
-
-
 def _too_many_streams(limit: int) -> JSONResponse:
     message = f"{limit} event streams are open on this server (--max-streams); try again later"
-    answer = _error(429, "too_many_streams", message)
+    answer = error(429, "too_many_streams", message)
     answer.headers["Retry-After"] = "5"
     return answer
 
@@ -158,6 +146,8 @@ def create_app(
     )
     app.router.route_class = CheckedJSONRoute  # JSON bodies checked as --input is
     app.state.access_policy = policy
+    # The hot routes answered directly, inside the access checks (Guard is added last: outermost).
+    app.add_middleware(Direct, service=service)
     app.add_middleware(Guard, policy=policy)
 
     def _bounded(budget: str | float | None) -> None:
@@ -172,37 +162,19 @@ def create_app(
         errors = list(exc.errors())
         first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid"}
         if first.get("type") == "json_invalid":
-            error = (first.get("ctx") or {}).get("error", "")
-            return _error(422, "invalid_request", f"the body is not valid JSON: {error}".strip())
+            why = (first.get("ctx") or {}).get("error", "")
+            return error(422, "invalid_request", f"the body is not valid JSON: {why}".strip())
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         field = ".".join(loc) or None
         if field is None and first.get("type") in ("model_attributes_type", "dict_type"):
             message = "the body must be a JSON object (send Content-Type: application/json)"
-            return _error(422, "invalid_request", message)
+            return error(422, "invalid_request", message)
         message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-        return _error(422, "invalid_request", message, field)
+        return error(422, "invalid_request", message, field)
 
-    @app.exception_handler(RunNotFound)
-    async def not_found(request: Request, exc: RunNotFound) -> JSONResponse:
-        return _error(404, "run_not_found", exc.message)
-
-    @app.exception_handler(UnknownChain)
-    async def unknown_chain(request: Request, exc: UnknownChain) -> JSONResponse:
-        return _error(404, "chain_not_found", exc.message, "chain")
-
-    @app.exception_handler(InputError)
-    async def bad_input(request: Request, exc: InputError) -> JSONResponse:
-        return _error(422, "invalid_input", exc.message, "input")
-
-    @app.exception_handler(ChainRTError)
-    async def runtime_error(request: Request, exc: ChainRTError) -> JSONResponse:
-        if isinstance(exc, StoreUnavailable):
-            status = 503
-        elif isinstance(exc, CheckpointError):
-            status = 409  # e.g. resuming a completed run
-        else:
-            status = 500
-        return _error(status, _snake(type(exc).__name__), exc.message)
+    @app.exception_handler(ChainRTError)  # RunNotFound, UnknownChain, InputError included
+    async def chainrt_error(request: Request, exc: ChainRTError) -> JSONResponse:
+        return failure(exc)
 
     @app.post(
         "/v1/runs",
@@ -217,7 +189,7 @@ def create_app(
         outcome = await service.submit(body)
         accepted = {"run_id": outcome.run.run_id, "status": outcome.run.status}
         if outcome.kind == "conflict":
-            return _error(
+            return error(
                 409,
                 "run_id_conflict",
                 f"run {outcome.run.run_id} exists with another chain, input or budget",
@@ -235,7 +207,7 @@ def create_app(
         wait_s = 0.0
         if wait is not None:
             try:
-                wait_s = min(parse_duration_ms(wait, what="wait") / 1000, _MAX_WAIT_S)
+                wait_s = min(parse_duration_ms(wait, what="wait") / 1000, MAX_WAIT_S)
             except ChainRTError as exc:
                 raise RequestValidationError(
                     [{"loc": ("query", "wait"), "msg": exc.message, "type": "value_error"}]
