@@ -6,6 +6,8 @@ Nothing else in chainrt calls ``os.getenv`` for its own settings; OpenTelemetry'
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -84,6 +86,11 @@ class Settings(BaseSettings):
         description="chainrt's own processes (run, resume, serve) freeze what start-up "
         "allocated and raise the collector's gen0 threshold (chainrt/_gc.py); false leaves "
         "Python's garbage collector as it is.",
+    )
+    serve_http: Literal["auto", "httptools", "h11"] = Field(
+        default="auto",
+        description="chainrt serve's HTTP/1.1 parser: auto (httptools, in C, where installed; "
+        "else h11), httptools (an error where it is not installed) or h11 (pure Python).",
     )
 
 

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import signal
 import socket
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 import uvicorn
 
+from .._settings import get_settings
 from ..errors import InputError
 from ._accept import ConnectionGate, bound_socket
 from ._app import access_policy, create_app
@@ -70,14 +70,20 @@ class _Server(uvicorn.Server):
 def http_protocol(
     header_timeout_s: float, body_timeout_s: float, gate: ConnectionGate
 ) -> type[Any]:
-    """The HTTP/1.1 protocol class with the connection deadlines (:mod:`._timeouts`): on
-    httptools (its C parser, :mod:`._timeouts_tools`) where it is installed, else on h11.
-    ``CHAINRT_SERVE_HTTP=h11`` picks h11 anyway."""
-    if os.environ.get("CHAINRT_SERVE_HTTP", "").lower() != "h11":
+    """The HTTP/1.1 protocol class with the connection deadlines (:mod:`._timeouts`), on the
+    parser ``CHAINRT_SERVE_HTTP`` names: ``auto`` httptools (llhttp, in C; :mod:`._timeouts_tools`)
+    where it is installed, else h11; ``httptools``; ``h11``. InputError for httptools asked for
+    and not installed."""
+    wanted = get_settings().serve_http
+    if wanted != "h11":
         try:
             from ._timeouts_tools import tools_protocol
-        except ImportError:
-            pass
+        except ImportError as exc:
+            if wanted == "httptools":
+                raise InputError(
+                    f"CHAINRT_SERVE_HTTP=httptools, but it cannot be imported ({exc}): "
+                    "pip install httptools, or CHAINRT_SERVE_HTTP=auto"
+                ) from None
         else:
             return tools_protocol(header_timeout_s, body_timeout_s, gate)
     return connection_protocol(header_timeout_s, body_timeout_s, gate)
