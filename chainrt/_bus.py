@@ -35,6 +35,7 @@ from redis import exceptions as rx
 
 from ._events import RunEvent
 from .redis import LeanRedis, pack, split_options
+from .redis._subscription import BareSubscription
 from .redis.keys import PREFIX as _PREFIX
 from .redis.keys import cancel_channel, events_channel, replay_channel, runs_channel
 
@@ -127,7 +128,8 @@ class SharedSubscriber:
         self._handlers: dict[str, list[Handler]] = {}
         self._confirmed: set[str] = set()
         self._waiting: dict[str, list[asyncio.Future[None]]] = {}
-        self._pubsub: Any = None
+        self._subscription: BareSubscription | None = None
+        self._confirmed_once = False
         self._client: aioredis.Redis | None = None
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
@@ -177,11 +179,12 @@ class SharedSubscriber:
             await self._send("unsubscribe", channel)
 
     async def _send(self, command: str, channel: str) -> None:
-        try:
-            await getattr(self._pubsub, command)(channel)
-        except (rx.ConnectionError, rx.TimeoutError, OSError) as exc:
-            # The reader sees the loss too and subscribes every channel again on reconnect.
-            log.debug("pub/sub %s %s failed (%s)", command, channel, exc)
+        subscription = self._subscription
+        if subscription is not None:  # (lost meanwhile: every channel is subscribed again)
+            if command == "subscribe":
+                subscription.subscribe(channel)
+            else:
+                subscription.unsubscribe(channel)
 
     def _start(self) -> None:
         if self._task is None and not self._closed:
@@ -191,49 +194,46 @@ class SharedSubscriber:
         attempt = 0
         while True:
             self._client = client = _client(self._url)
-            self._pubsub = pubsub = client.pubsub()
+            subscription = None
             try:
-                # Always one channel (the connection is made by the first SUBSCRIBE; redis-py
-                # reads nothing before): the replay channel every owner answers on.
-                channels = sorted(self._handlers) or [replay_channel()]
-                await pubsub.subscribe(*channels)
+                subscription = await BareSubscription.open(client, self._dispatch)
+                self._subscription = subscription
+                # Always one channel (the replay channel every owner answers on), so that a
+                # process listening to nothing yet still holds its subscription.
+                subscription.subscribe(*(sorted(self._handlers) or [replay_channel()]))
                 self._connected.set()
-                for channel in self._handlers:  # those added while subscribing
-                    if channel not in channels:
-                        await pubsub.subscribe(channel)
-                while True:
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is not None:
-                        attempt = 0
-                        self._dispatch(message)
-            except (rx.ConnectionError, rx.TimeoutError, OSError) as exc:
+                exc = await subscription.lost()
+                raise exc
+            except (rx.RedisError, OSError) as exc:  # (a refused login too: tried again)
                 self._connected.clear()
                 self._confirmed.clear()
                 delay = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
                 if attempt == 0:
                     log.warning("shared pub/sub connection lost (%s); again in %.2fs", exc, delay)
-                attempt += 1
+                # A connection that worked a while was a success: the next loss starts over.
+                attempt = 0 if self._confirmed_once else attempt + 1
+                self._confirmed_once = False
                 await asyncio.sleep(delay)
             finally:
                 self._connected.clear()
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pubsub.aclose())
+                self._subscription = None
+                if subscription is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(subscription.aclose())
                 with contextlib.suppress(Exception):
                     await asyncio.shield(client.aclose())
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        raw_channel = message.get("channel")
-        channel = raw_channel.decode(errors="replace") if isinstance(raw_channel, bytes) else ""
-        if kind == "subscribe":
+    def _dispatch(self, kind: bytes, raw_channel: bytes, data: Any) -> None:
+        channel = raw_channel.decode(errors="replace")
+        if kind == b"subscribe":
+            self._confirmed_once = True
             if channel in self._handlers:
                 self._confirmed.add(channel)
             for waiter in self._waiting.get(channel, []):
                 if not waiter.done():
                     waiter.set_result(None)
             return
-        data = message.get("data")
-        if kind != "message" or not isinstance(data, bytes):
+        if kind != b"message" or not isinstance(data, bytes):
             return
         for handler in list(self._handlers.get(channel, ())):
             try:
