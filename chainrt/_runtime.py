@@ -332,8 +332,10 @@ class Runtime:
 
     def _emit(self, event: RunEvent) -> None:
         for sink in (*self.event_sinks, *self._listeners.get(event.run_id, ())):
-            with contextlib.suppress(Exception):  # a watcher's failure never fails the run
+            try:
                 sink(event)
+            except Exception:  # noqa: S112 -- a watcher's failure never fails the run
+                continue
 
     def _progress_for(self, run_id: str, progress: Progress | None) -> Progress | None:
         if not self.event_sinks and run_id not in self._listeners:
