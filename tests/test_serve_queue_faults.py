@@ -130,3 +130,42 @@ async def test_the_local_queue_puts_a_failed_entry_back_then_dead_letters_it() -
     assert back is not None
     assert back.entry == Entry("poison", "resume")
     await queue.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_a_blocked_take_wakes_on_the_entry_and_survives_lost_groups(
+    redis_url: str, protocol: int
+) -> None:
+    url = f"{redis_url}{'&' if '?' in redis_url else '?'}protocol={protocol}"
+    queue = RedisQueue(url, "runner", chains=["nap"])
+    putter = RedisQueue(url, "putter", chains=["nap"])
+    try:
+        assert await queue.take(0.05) is None  # nothing: the blocking read timed out empty
+        taking = asyncio.ensure_future(queue.take(5.0))
+        await asyncio.sleep(0.2)  # blocked in XREADGROUP by now
+        await putter.put(Entry("woken", chain="nap"), "low")
+        got = await asyncio.wait_for(taking, 10)
+        assert got is not None
+        assert (got.entry, got.priority) == (Entry("woken", chain="nap"), "low")
+        await queue.ack(got)
+        client = redis.Redis.from_url(redis_url)
+        client.flushall()  # the groups are gone: the blocking read gets NOGROUP
+        client.close()
+        taking = asyncio.ensure_future(queue.take(5.0))
+        await asyncio.sleep(0.2)
+        await putter.put(Entry("after", chain="nap"), "high")
+        got = await asyncio.wait_for(taking, 10)
+        assert got is not None
+        assert got.entry == Entry("after", chain="nap")
+        cancelled = asyncio.ensure_future(queue.take(5.0))
+        await asyncio.sleep(0.2)
+        cancelled.cancel()  # a draining runner stops its take: its connection is dropped
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await putter.put(Entry("next", chain="nap"), "normal")
+        got = await queue.take(2.0)
+        assert got is not None
+        assert got.entry == Entry("next", chain="nap")
+    finally:
+        await queue.close()
+        await putter.close()

@@ -126,11 +126,24 @@ class RedisQueue(RedisUpkeep):
             self._backlog.extend(found[1:])  # one per stream: the rest wait here, touched
             return found[0]
         block_ms = max(1, int(min(wait_s, MAX_BLOCK_S) * 1000))
-        every = {s: ">" for s in self._streams}
-        reply = await self._guarded(
-            lambda: self._blocking.xreadgroup(GROUP, self.consumer, every, count=1, block=block_ms)
-        )
-        found = sorted(self._deliveries(reply), key=lambda d: PRIORITIES.index(d.priority))
+        lean = self._blocking_lean()
+        if lean is not None:  # one node: on a bare connection of the blocking client's
+            streams = list(self._streams)
+            command = pack(
+                "XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", 1, "BLOCK", block_ms,
+                "STREAMS", *streams, *(">" for _ in streams),
+            )  # fmt: skip
+            raw = await self._guarded(lambda: _blocking_read(lean, command))
+            found = self._flat_deliveries(raw)
+        else:
+            every = {s: ">" for s in self._streams}
+            reply = await self._guarded(
+                lambda: self._blocking.xreadgroup(
+                    GROUP, self.consumer, every, count=1, block=block_ms
+                )
+            )
+            found = self._deliveries(reply)
+        found.sort(key=lambda d: PRIORITIES.index(d.priority))
         if not found:
             return None
         self._backlog.extend(found[1:])  # rare: several streams got an entry in the same instant
@@ -170,8 +183,14 @@ class RedisQueue(RedisUpkeep):
             reply = await _on_pipe(lean, command)
         if reply is _SLOW:
             reply = await self._take_script(keys=keys, args=[GROUP, self.consumer, *counts])
+        return self._flat_deliveries(reply)
+
+    def _flat_deliveries(self, reply: Any) -> list[Delivery]:
+        """The deliveries of an ``XREADGROUP`` reply as Redis sends it (streams and entries
+        with flat field lists; RESP2 pairs or a RESP3 map; None: nothing came)."""
         out = []
-        for raw_stream, messages in reply or []:
+        pairs = reply.items() if isinstance(reply, dict) else reply or []
+        for raw_stream, messages in pairs:
             stream = as_text(raw_stream)
             priority, _ = self._streams[stream]
             for entry_id, flat in messages:
@@ -208,6 +227,16 @@ class RedisQueue(RedisUpkeep):
             pipe.xdel(stream, delivery.entry_id)
 
         await self._transaction(queue)
+
+
+async def _blocking_read(lean: LeanRedis, command: bytes) -> Any:
+    """A blocking read on a bare connection of its own: its reply; a Redis error raised."""
+    from redis import exceptions as rx
+
+    (reply,) = await lean.call([command])
+    if isinstance(reply, rx.ResponseError):
+        raise reply
+    return reply
 
 
 _SLOW: Any = object()

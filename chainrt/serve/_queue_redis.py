@@ -94,6 +94,7 @@ class RedisStreams(RunQueue):
         self._take_script: Any = None
         self._ready = False
         self._lean: Any = None  # (LeanRedis, made on first use on one node)
+        self._blocking_bare: Any = None  # (LeanRedis for the blocking reads, the same)
 
     # ------------------------------------------------------------------ groups and faults
 
@@ -166,6 +167,18 @@ class RedisStreams(RunQueue):
             self._lean = LeanRedis(self._client, timeout_s=SOCKET_TIMEOUT_S)
         return self._lean
 
+    def _blocking_lean(self) -> Any:
+        """On one node, bare connections built like the blocking client's, for ``XREADGROUP
+        BLOCK`` (a call blocks one connection; a call cut by a cancel drops its connection).
+        None on a cluster or before the first call has found out which it is."""
+        if self.cluster is not False:
+            return None
+        if self._blocking_bare is None:
+            from ..redis import LeanRedis
+
+            self._blocking_bare = LeanRedis(self._blocking, timeout_s=SOCKET_TIMEOUT_S)
+        return self._blocking_bare
+
     def _stream_of(self, delivery: Delivery) -> str:
         return delivery.stream or self.keys.stream(delivery.priority)
 
@@ -198,8 +211,9 @@ class RedisStreams(RunQueue):
 
         with contextlib.suppress(Exception):
             await self._client.hdel(self.keys.runners, self.consumer)
-        if self._lean is not None:
-            await self._lean.aclose()
+        for lean in (self._lean, self._blocking_bare):
+            if lean is not None:
+                await lean.aclose()
         await close_client(self._client)
         await close_client(self._blocking)
 
