@@ -68,3 +68,25 @@ async def test_the_told_result_is_the_stored_one(
     monkeypatch.undo()
     for result in results:
         assert result.model_dump(mode="json") == await _from_store(service, result.run_id)
+
+
+async def test_the_told_json_is_handed_on_and_is_the_stored_one(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = service.runtime.store
+    read: list[str] = []
+    real = store.get_steps
+
+    async def counted(run_id: str) -> Any:
+        read.append(run_id)
+        return await real(run_id)
+
+    monkeypatch.setattr(store, "get_steps", counted)
+    await service.submit(SubmitRequest(chain="ten", input={"seconds": 0.05}, run_id="j1"))
+    body = await service.result_json("j1", 30)
+    assert read == []  # told by its end: nothing read back
+    monkeypatch.undo()
+    assert body["status"] == "completed"
+    assert body["output"] == 45
+    assert body == await _from_store(service, "j1")
+    assert await service.result_json("j1") == body  # read from the store: the same

@@ -115,10 +115,9 @@ class Direct:
                 return False  # the app answers the 422
         service = self.service
         try:
-            result = await service.result(run_id, wait_s)
-            body = result.model_dump(mode="json")
-            if result.status == "queued":
-                reason = await service.waiting_reason(result.chain)
+            body = await service.result_json(run_id, wait_s)
+            if body.get("status") == "queued":
+                reason = await service.waiting_reason(str(body.get("chain")))
                 if reason:
                     body["reason"] = reason  # e.g. no live runner serves its chain
         except ChainRTError as exc:

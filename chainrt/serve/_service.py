@@ -51,7 +51,7 @@ from ._streams import StreamSlots
 from ._submitted import JustSubmitted
 from ._supervise import LoopHealth, supervise
 from ._tool_fence import ToolFence
-from ._watch import Watchers
+from ._watch import Told, Watchers
 
 __all__ = ["LOOPS", "Draining", "Service", "SubmitOutcome", "UnknownChain"]
 
@@ -298,11 +298,21 @@ class Service:
     async def result(self, run_id: str, wait_s: float = 0.0) -> RunResult:
         """The run as ``--json`` shows it; with ``wait_s``, once final or when the wait ends
         (woken by the run's final event, not by polling)."""
+        found = await self._result(run_id, wait_s)
+        return found.result() if isinstance(found, Told) else found
+
+    async def result_json(self, run_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """:meth:`result` as JSON data (``model_dump(mode="json")``); a result its run told
+        this process is handed on as it came, not validated and dumped again."""
+        found = await self._result(run_id, wait_s)
+        return dict(found.data) if isinstance(found, Told) else found.model_dump(mode="json")
+
+    async def _result(self, run_id: str, wait_s: float) -> RunResult | Told:
         store = self.runtime.store
         steps = None
         if wait_s > 0:
             waited = await self.watchers.wait_final(run_id, wait_s)
-            if isinstance(waited, RunResult):  # told by its run_finished here: nothing read
+            if isinstance(waited, Told):  # told by its run_finished here: nothing read
                 return waited
             record, steps = waited
         else:

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-
-from pydantic import ValidationError
 
 from .._events import RunEvent, history
 from .._records import RunRecord, StepRecord
@@ -40,7 +39,7 @@ from .._runtime import Runtime
 from ._feed import parse_notice
 from ._inflight import InFlight, event_key
 
-__all__ = ["REPLAY_WAIT_S", "Watchers", "parse_replay"]
+__all__ = ["REPLAY_WAIT_S", "Told", "Watchers", "parse_replay"]
 
 log = logging.getLogger("chainrt.serve")
 
@@ -273,13 +272,14 @@ class Watchers:
 
     async def wait_final(
         self, run_id: str, wait_s: float
-    ) -> RunResult | tuple[RunRecord, dict[str, StepRecord] | None]:
+    ) -> Told | tuple[RunRecord, dict[str, StepRecord] | None]:
         """Return the run's record once it is final or parked at a wait, or when ``wait_s`` has
         passed (the record as last read), with its steps when they were read with it: once told
         that the run ended, the record and the steps are read at once (one round trip's wait,
         not two; both are read after the final write, so they agree). A run this process
-        executed tells its result itself (its ``run_finished`` carries the whole result, sent
-        after the final write): that result is returned, nothing is read.
+        executed tells its result itself (its ``run_finished`` carries the whole result as
+        ``--json`` prints it, sent after the final write): that is returned (:class:`Told`),
+        nothing is read.
 
         A run this process executes wakes its waiters in process (its ``run_finished``). On
         Redis, one executed or cancelled elsewhere wakes them through the notices every process
@@ -306,9 +306,7 @@ class Watchers:
         try:
             while True:
                 if woken.told is not None:
-                    with contextlib.suppress(ValidationError):  # (then read as any other)
-                        return RunResult.model_validate(woken.told)
-                    woken.told = None
+                    return Told(woken.told)
                 ended, woken.ended = woken.ended, False
                 woken.event.clear()  # before the read: a wake-up after it is not lost
                 steps: dict[str, StepRecord] | None = None
@@ -330,6 +328,18 @@ class Watchers:
             waiters.discard(woken)
             if not waiters:
                 self._waiters.pop(run_id, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Told:
+    """A run's result as its ``run_finished`` in this process told it: ``data`` is
+    ``RunResult.model_dump(mode="json")`` of the result the runtime returned (read-only)."""
+
+    data: dict[str, Any]
+
+    def result(self) -> RunResult:
+        """The result as a :class:`~chainrt.RunResult`."""
+        return RunResult.model_validate(self.data)
 
 
 class _Waiter:
