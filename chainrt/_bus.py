@@ -34,8 +34,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from ._events import RunEvent
-from .redis import LeanRedis, pack, split_options
-from .redis._subscription import BareSubscription
+from .redis import BareSubscription, LeanRedis, pack, split_options
 from .redis.keys import PREFIX as _PREFIX
 from .redis.keys import cancel_channel, events_channel, replay_channel, runs_channel
 

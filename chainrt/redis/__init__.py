@@ -17,7 +17,8 @@ one of its private modules from outside it):
   (:meth:`LeanRedis.pipelined`), and reads the replies with chainrt's own RESP parser;
   :class:`ClusterLean` keeps one per master of a cluster, routed by the cluster client's slot
   map. A call that failed with one of :data:`LOST` or was answered with one of
-  :data:`REDIRECTED` goes again through redis-py's client.
+  :data:`REDIRECTED` goes again through redis-py's client. :class:`BareSubscription` hears
+  pub/sub messages on a bare connection the same way.
 - One Lua script call, written once for the store and the limiter: :func:`send_bare` sends it on
   a bare connection and says when it must go through the client instead (:data:`FALLBACK`: a
   lost connection, ``NOSCRIPT``, ``MOVED``/``ASK``), :func:`eval_through` sends it through
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from ._cluster_lean import LOST, REDIRECTED, ClusterLean
     from ._lean import NOT_SENT, LeanRedis, pack, pack_args
     from ._script_path import FALLBACK, eval_through, send_bare
+    from ._subscription import BareSubscription
 
 __all__ = [
     "CLUSTER_TRANSIENT",
@@ -55,6 +57,7 @@ __all__ = [
     "LOST",
     "NOT_SENT",
     "REDIRECTED",
+    "BareSubscription",
     "ClusterLean",
     "LeanRedis",
     "StoreOptions",
@@ -90,6 +93,7 @@ _HOMES = {
     "FALLBACK": "_script_path",
     "eval_through": "_script_path",
     "send_bare": "_script_path",
+    "BareSubscription": "_subscription",
 }
 
 
