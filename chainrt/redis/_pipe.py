@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -34,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._resp_parse import INCOMPLETE, ReplyParser
 
-__all__ = ["Pipe"]
+__all__ = ["Pipe", "TakenOver"]
 
 
 class Pipe:
@@ -61,7 +62,7 @@ class Pipe:
         stream = transport.get_protocol()
         leftover = bytes(conn._reader._buffer)  # (none: the handshake's replies were read)
         conn._reader._buffer.clear()
-        transport.set_protocol(_Replies(self, stream))
+        transport.set_protocol(TakenOver(self.received, self.lost, stream))
         if leftover:
             self.received(leftover)
 
@@ -159,23 +160,30 @@ class Pipe:
                 await self._closing
 
 
-class _Replies(asyncio.Protocol):
-    """The transport's protocol once the pipe owns the connection: received bytes go to the
-    pipe; the connection's stream protocol still hears of flow control and of the end (so that
-    redis-py's close and ``drain`` behave as they did)."""
+class TakenOver(asyncio.Protocol):
+    """A transport's protocol once chainrt reads the connection itself (a pipe, a pub/sub
+    subscription): received bytes go to ``received``, the end to ``lost``; the connection's
+    stream protocol still hears of flow control and of the end (so that redis-py's close and
+    ``drain`` behave as they did)."""
 
-    def __init__(self, pipe: Pipe, stream: Any) -> None:
-        self._pipe = pipe
+    def __init__(
+        self,
+        received: Callable[[bytes], None],
+        lost: Callable[[BaseException | None], None],
+        stream: Any,
+    ) -> None:
+        self._received = received
+        self._lost = lost
         self._stream = stream
 
     def data_received(self, data: bytes) -> None:
-        self._pipe.received(data)
+        self._received(data)
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._pipe.lost(exc)
+        self._lost(exc)
         self._stream.connection_lost(exc)
 
     def pause_writing(self) -> None:

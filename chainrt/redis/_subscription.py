@@ -25,6 +25,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._lean import pack
+from ._pipe import TakenOver
 from ._resp_parse import INCOMPLETE, ReplyParser
 
 __all__ = ["BareSubscription", "Message"]
@@ -55,7 +56,7 @@ class BareSubscription:
         stream = transport.get_protocol()
         leftover = bytes(conn._reader._buffer)
         conn._reader._buffer.clear()
-        transport.set_protocol(_Messages(self, stream))
+        transport.set_protocol(TakenOver(self.received, self.connection_lost, stream))
         if leftover:
             self.received(leftover)
 
@@ -141,28 +142,3 @@ class BareSubscription:
         self._fail(RedisConnectionError("the subscription was closed"))
         with contextlib.suppress(Exception):
             await self._conn.disconnect(nowait=True)
-
-
-class _Messages(asyncio.Protocol):
-    """The transport's protocol once the subscription owns the connection (flow control and
-    the end still reach the connection's stream protocol, as in :mod:`._pipe`)."""
-
-    def __init__(self, owner: BareSubscription, stream: Any) -> None:
-        self._owner = owner
-        self._stream = stream
-
-    def data_received(self, data: bytes) -> None:
-        self._owner.received(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._owner.connection_lost(exc)
-        self._stream.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._stream.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._stream.resume_writing()
