@@ -24,6 +24,20 @@ async def _from_store(service: Service, run_id: str) -> dict[str, Any]:
     return RunResult.from_records(record, steps).model_dump(mode="json")
 
 
+def _count_step_reads(service: Service, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The run ids whose steps are read from the store from now on (until ``undo``)."""
+    store = service.runtime.store
+    read: list[str] = []
+    real = store.get_steps
+
+    async def counted(run_id: str) -> Any:
+        read.append(run_id)
+        return await real(run_id)
+
+    monkeypatch.setattr(store, "get_steps", counted)
+    return read
+
+
 @pytest.fixture
 async def service(redis_url: str) -> Any:
     served = Service(ServeConfig(chains=str(CHAINS), store=redis_url))
@@ -35,15 +49,7 @@ async def service(redis_url: str) -> Any:
 async def test_the_told_result_is_the_stored_one(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = service.runtime.store
-    read: list[str] = []
-    real = store.get_steps
-
-    async def counted(run_id: str) -> Any:
-        read.append(run_id)
-        return await real(run_id)
-
-    monkeypatch.setattr(store, "get_steps", counted)
+    read = _count_step_reads(service, monkeypatch)
     await service.submit(SubmitRequest(chain="five", input={}, run_id="ok"))
     await service.submit(
         SubmitRequest(chain="ten", input={"seconds": 0.05}, run_id="late", budget="120ms")
@@ -73,15 +79,7 @@ async def test_the_told_result_is_the_stored_one(
 async def test_the_told_json_is_handed_on_and_is_the_stored_one(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = service.runtime.store
-    read: list[str] = []
-    real = store.get_steps
-
-    async def counted(run_id: str) -> Any:
-        read.append(run_id)
-        return await real(run_id)
-
-    monkeypatch.setattr(store, "get_steps", counted)
+    read = _count_step_reads(service, monkeypatch)
     await service.submit(SubmitRequest(chain="ten", input={"seconds": 0.05}, run_id="j1"))
     body = await service.result_json("j1", 30)
     assert read == []  # told by its end: nothing read back
