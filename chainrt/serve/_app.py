@@ -20,14 +20,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from .._api_tokens import load_tokens
-from .._durations import parse_budget_ms, parse_duration_ms
+from .._durations import parse_budget_ms
 from .._errors import ChainRTError, RunNotFound
 from .._records import RunRecord
 from .._settings import get_settings
 from ._answers import error, failure
 from ._body import CheckedJSONRoute
 from ._detail import run_detail
-from ._direct import MAX_WAIT_S, Direct
+from ._direct import Direct, wait_seconds
 from ._fleet_api import FleetMetrics, fleet_routes, handle_backend_errors
 from ._guard import AccessPolicy, Guard
 from ._listing import BadCursor, list_page
@@ -203,15 +203,12 @@ def create_app(
     async def get_run(request: Request) -> dict[str, Any]:
         """The run as ``chainrt run --json`` prints it."""
         run_id: str = request.path_params["run_id"]
-        wait = request.query_params.get("wait")
-        wait_s = 0.0
-        if wait is not None:
-            try:
-                wait_s = min(parse_duration_ms(wait, what="wait") / 1000, MAX_WAIT_S)
-            except ChainRTError as exc:
-                raise RequestValidationError(
-                    [{"loc": ("query", "wait"), "msg": exc.message, "type": "value_error"}]
-                ) from None
+        try:
+            wait_s = wait_seconds(request.query_params.get("wait"))
+        except ChainRTError as exc:
+            raise RequestValidationError(
+                [{"loc": ("query", "wait"), "msg": exc.message, "type": "value_error"}]
+            ) from None
         result = await service.result(run_id, wait_s)
         body = result.model_dump(mode="json")
         if result.status == "queued" and (reason := await service.waiting_reason(result.chain)):

@@ -32,7 +32,7 @@ from ._body import parse_body
 from ._models import SubmitRequest
 from ._service import Service
 
-__all__ = ["MAX_WAIT_S", "Direct"]
+__all__ = ["MAX_WAIT_S", "Direct", "wait_seconds"]
 
 MAX_WAIT_S = 300.0
 """The longest ``?wait=`` (a longer one waits this long)."""
@@ -106,13 +106,10 @@ class Direct:
 
     async def _get(self, scope: Scope, run_id: str, send: Send) -> bool:
         """Answer ``GET /v1/runs/{run_id}``; False (nothing sent) where the app must."""
-        wait = QueryParams(scope["query_string"]).get("wait")
-        wait_s = 0.0
-        if wait is not None:
-            try:
-                wait_s = min(parse_duration_ms(wait, what="wait") / 1000, MAX_WAIT_S)
-            except ChainRTError:
-                return False  # the app answers the 422
+        try:
+            wait_s = wait_seconds(QueryParams(scope["query_string"]).get("wait"))
+        except ChainRTError:
+            return False  # the app answers the 422
         service = self.service
         try:
             body = await service.result_json(run_id, wait_s)
@@ -125,6 +122,14 @@ class Direct:
             return True
         await JSONResponse(body)(scope, _nothing, send)
         return True
+
+
+def wait_seconds(wait: str | None) -> float:
+    """A ``?wait=`` in seconds (none: 0), at most :data:`MAX_WAIT_S`; ChainRTError for one
+    that does not parse."""
+    if wait is None:
+        return 0.0
+    return min(parse_duration_ms(wait, what="wait") / 1000, MAX_WAIT_S)
 
 
 def _is_json(scope: Scope) -> bool:
